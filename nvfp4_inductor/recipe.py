@@ -1,0 +1,40 @@
+"""The NVFP4 training recipe: one frozen options object (SPEC.md section 4).
+
+Defaults follow TransformerEngine's NVFP4 recipe. Every field changes numerics, and
+each states its effect; all combinations are bitwise reproducible under a fixed
+``torch.manual_seed`` (stochastic rounding draws its Philox seed from torch's CPU
+generator, see ``numerics.draw_seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEFAULT_SIGN_MASK = 0xD7E8
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How each tensor of the grouped MLP is quantized.
+
+    rht: random Hadamard transform on the column-wise (wgrad) copies of the GEMM
+        inputs (x, fc2_x) and of the gradients (dY, dC); never on row-wise copies or
+        weights. Needs bf16 inputs.
+    sign_mask: the RHT's 16 random signs, bit i set where sign i is -1 (0 = plain H/4).
+    block_2d: weights use one E4M3 scale per 16x16 tile (so the column-wise copy is the
+        exact transpose of the row-wise copy); otherwise 1x16 blocks like activations.
+    stochastic_rounding: gradients (dY, dC), both copies, round stochastically
+        (8 Philox bits per element); everything else rounds to nearest even.
+    """
+
+    rht: bool = True
+    sign_mask: int = DEFAULT_SIGN_MASK
+    block_2d: bool = True
+    stochastic_rounding: bool = True
+
+    def __post_init__(self):
+        for name in ("rht", "block_2d", "stochastic_rounding"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Recipe.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.sign_mask, int) or not 0 <= self.sign_mask <= 0xFFFF:
+            raise ValueError(f"Recipe.sign_mask must be an int in [0, 0xFFFF], got {self.sign_mask!r}")
