@@ -1,0 +1,132 @@
+"""Containers for quantized tensors: what a quantizer returns and a GEMM consumes.
+
+Plain dataclasses of torch tensors (not tensor subclasses): they cross the
+``nvfp4::*`` op boundary as tuples (``as_tuple`` / ``from_tuple``), with an empty
+tensor standing for a missing copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .formats import dequantize_blocks
+
+
+@dataclasses.dataclass
+class NVFP4Tensor:
+    """One (M, K) tensor in NVFP4.
+
+    rowwise_data:     uint8 (M, K/2), two E2M1 codes per byte, even index in the low nibble
+    rowwise_scale:    float8_e4m3fn (M, K/16), one decode scale per 1x16 block, unswizzled
+                      (2D quantization: each 16x16 tile's scale repeated on its 16 rows)
+    rowwise_amax:     fp32 scalar, the global amax of x
+    columnwise_data:  uint8 (K, M/2), the quantization of x^T (RHT'd along M when `rht`)
+    columnwise_scale: float8_e4m3fn (K, M/16)
+    columnwise_amax:  fp32 scalar, amax of x^T after the RHT (= rowwise_amax without RHT)
+    A copy that was not asked for is None.
+    """
+
+    rowwise_data: Optional[torch.Tensor]
+    rowwise_scale: Optional[torch.Tensor]
+    rowwise_amax: Optional[torch.Tensor]
+    columnwise_data: Optional[torch.Tensor]
+    columnwise_scale: Optional[torch.Tensor]
+    columnwise_amax: Optional[torch.Tensor]
+
+    def dequantize(self, columnwise: bool = False) -> torch.Tensor:
+        """fp32 (M, K) from the row-wise copy, or fp32 (K, M) from the column-wise copy
+        (which holds RHT(x^T) when it was quantized with `rht`)."""
+        if columnwise:
+            return _dequantize_copy(self.columnwise_data, self.columnwise_scale, self.columnwise_amax, "columnwise")
+        return _dequantize_copy(self.rowwise_data, self.rowwise_scale, self.rowwise_amax, "rowwise")
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    @classmethod
+    def from_tuple(cls, tensors) -> "NVFP4Tensor":
+        return cls(*(_or_none(t) for t in tensors))
+
+
+@dataclasses.dataclass
+class NVFP4GroupedTensor:
+    """A (T, K) tensor whose rows are G groups (experts) of sizes m_g, quantized per group.
+
+    rowwise_data:       uint8 (T, K/2), groups back to back
+    rowwise_scale:      float8_e4m3fn (T, K/16)
+    rowwise_amax:       fp32 (G,), per-group amax (0 for an empty group)
+    columnwise_data:    uint8 (K, P/2): group g's column-wise copy (the quantization of its
+                        rows transposed, RHT'd in runs of 16 tokens when `rht`) is the
+                        column slice [p_g/2, (p_g + m_g')/2), m_g' = m_g rounded up to 16,
+                        p_g = m_0' + ... + m_{g-1}'. Rows past a group's end are zeros.
+    columnwise_scale:   float8_e4m3fn (K, P/16), sliced alike in units of 16 tokens
+    columnwise_amax:    fp32 (G,), post-RHT amax per group
+    columnwise_offsets: int64 (G + 1,), p_0 = 0, ..., p_G (on the device)
+    group_sizes:        int64 (G,), the m_g (on the device)
+
+    P = capacity(T, G) = round_up(T + 15 G, 16) is fixed by the shapes alone, so the
+    buffers are allocated without reading group sizes on the host:
+
+        tokens  0 ........ m_0-1 | pad | m_0 ...... m_0+m_1-1 | pad | ...   | unused
+        column  p_0=0            p_1=m_0'                     p_2      ... p_G     P
+    """
+
+    rowwise_data: Optional[torch.Tensor]
+    rowwise_scale: Optional[torch.Tensor]
+    rowwise_amax: Optional[torch.Tensor]
+    columnwise_data: Optional[torch.Tensor]
+    columnwise_scale: Optional[torch.Tensor]
+    columnwise_amax: Optional[torch.Tensor]
+    columnwise_offsets: torch.Tensor
+    group_sizes: torch.Tensor
+
+    def columnwise_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, (data (K, m_g'/2), scale (K, m_g'/16)). Reads offsets on the host."""
+        if self.columnwise_data is None:
+            raise ValueError("columnwise_chunks: this tensor was quantized without the column-wise copy")
+        offsets = self.columnwise_offsets.tolist()
+        return [
+            (self.columnwise_data[:, lo // 2 : hi // 2], self.columnwise_scale[:, lo // 16 : hi // 16])
+            for lo, hi in zip(offsets[:-1], offsets[1:])
+        ]
+
+    def dequantize(self, columnwise: bool = False):
+        """Row-wise: fp32 (T, K). Column-wise: a list of fp32 (K, m_g') per group."""
+        if columnwise:
+            amaxes = self.columnwise_amax.tolist()
+            return [
+                _dequantize_copy(data, scale, torch.tensor(amax, device=data.device), "columnwise")
+                for (data, scale), amax in zip(self.columnwise_chunks(), amaxes)
+            ]
+        if self.rowwise_data is None:
+            raise ValueError("dequantize: this tensor was quantized without the row-wise copy")
+        group_of_row = torch.repeat_interleave(
+            torch.arange(len(self.group_sizes), device=self.group_sizes.device),
+            self.group_sizes,
+            output_size=self.rowwise_data.shape[0],
+        )
+        return dequantize_blocks(self.rowwise_data, self.rowwise_scale, self.rowwise_amax[group_of_row].unsqueeze(1))
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    @classmethod
+    def from_tuple(cls, tensors) -> "NVFP4GroupedTensor":
+        return cls(*(_or_none(t) for t in tensors))
+
+
+def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
+    if data is None:
+        raise ValueError(f"dequantize: this tensor was quantized without the {which} copy")
+    return dequantize_blocks(data, scale, amax)
+
+
+def _or_empty(t: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.empty(0) if t is None else t
+
+
+def _or_none(t: torch.Tensor) -> Optional[torch.Tensor]:
+    return None if t.numel() == 0 and t.dim() == 1 and t.dtype == torch.float32 else t
