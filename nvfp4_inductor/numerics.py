@@ -61,8 +61,8 @@ from .constants import (
     SR_STREAM_COLUMNWISE,
     SR_STREAM_ROWWISE,
 )
-from .formats import e2m1_encode, e4m3_decode, e4m3_encode, pack_fp4
-from .tensor import NVFP4GroupedTensor, NVFP4Tensor
+from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, pack_fp4
+from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 
 _U32 = 0xFFFFFFFF
 
@@ -366,3 +366,80 @@ def group_quantize_torch(
         )
         out.columnwise_amax = amax
     return out
+
+
+def group_hadamard_amax_torch(x: torch.Tensor, group_sizes: torch.Tensor, sign_mask: int):
+    """Per-group (pre-RHT amax, post-RHT amax) of a (T, K) bf16 tensor: exactly the amaxes
+    ``group_quantize_torch`` computes for its row-wise and column-wise RHT copies."""
+    tokens = x.shape[0]
+    groups = group_sizes.numel()
+    group_of_row, padded_row, _, group_of_padded_row = group_layout(group_sizes, tokens)
+    padded = pad_groups(x, padded_row, columnwise_capacity(tokens, groups))
+    post = group_amax(rht16(padded.t(), sign_mask).t(), group_of_padded_row, groups)
+    return group_amax(x, group_of_row, groups), post
+
+
+def quantize_weights_torch(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightStack:
+    """Quantize a (G, N, K) expert weight stack per expert: row-wise (G, N, K/2) and the
+    column-wise copy of each W^T (G, K, N/2), one amax per expert, RNE, no RHT."""
+    g, n, k = w.shape
+    amax = w.abs().amax(dim=(1, 2)).float() if w.numel() else torch.zeros(g, device=w.device)
+    row_data, row_scale = quantize_rows(
+        w.reshape(g * n, k), amax.repeat_interleave(n).unsqueeze(1), block_2d=block_2d
+    )
+    col_data, col_scale = quantize_rows(
+        w.transpose(1, 2).reshape(g * k, n), amax.repeat_interleave(k).unsqueeze(1), block_2d=block_2d
+    )
+    return NVFP4WeightStack(
+        row_data.reshape(g, n, k // 2),
+        row_scale.reshape(g, n, k // BLOCK),
+        col_data.reshape(g, k, n // 2),
+        col_scale.reshape(g, k, n // BLOCK),
+        amax,
+    )
+
+
+def gemm_alpha(a_amax: torch.Tensor, b_amax: torch.Tensor) -> torch.Tensor:
+    """Per-group alpha = A_a * A_b / 2688**2 (fp32): the global scales of both operands,
+    applied to the fp32 accumulator of the deq() products."""
+    return (a_amax.float() * b_amax.float()) / GEMM_ALPHA_DIVISOR
+
+
+def grouped_gemm_torch(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    group_sizes: torch.Tensor,
+) -> torch.Tensor:
+    """fprop / dgrad: out[t] = bf16(alpha_g * deq(a)[t] . deq(b_g)^T) for t in group g.
+
+    a: row-wise grouped copy (T, K/2), (T, K/16), amax (G,); b: per-expert copies
+    (G, N, K/2), (G, N, K/16), amax (G,). fp32 matmul of exact deq() values."""
+    g, n, half = b_data.shape
+    a_vals = block_values(a_data, a_scale)
+    b_vals = block_values(b_data.reshape(g * n, half), b_scale.reshape(g * n, -1)).reshape(g, n, 2 * half)
+    ends = torch.cumsum(group_sizes.to(torch.int64), 0).to(torch.int32)
+    acc = torch._grouped_mm(a_vals, b_vals.transpose(1, 2), offs=ends)
+    group_of_row, _, _, _ = group_layout(group_sizes, a_data.shape[0])
+    return (acc * gemm_alpha(a_amax, b_amax)[group_of_row].unsqueeze(1)).to(torch.bfloat16)
+
+
+def grouped_gemm_wgrad_torch(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    padded_offsets: torch.Tensor,
+) -> torch.Tensor:
+    """wgrad: out_g = bf16(alpha_g * deq(a_g) . deq(b_g)^T), contraction over group g's
+    (padded) tokens. a: column-wise grouped copy (N, P/2), (N, P/16), post-RHT amax (G,);
+    b: the same for the other operand (M, P/2). Returns (G, N, M)."""
+    a_vals = block_values(a_data, a_scale)
+    b_vals = block_values(b_data, b_scale)
+    acc = torch._grouped_mm(a_vals, b_vals.t(), offs=padded_offsets[1:].to(torch.int32))
+    return (acc * gemm_alpha(a_amax, b_amax).view(-1, 1, 1)).to(torch.bfloat16)

@@ -130,3 +130,32 @@ def _or_empty(t: Optional[torch.Tensor]) -> torch.Tensor:
 
 def _or_none(t: torch.Tensor) -> Optional[torch.Tensor]:
     return None if t.numel() == 0 and t.dim() == 1 and t.dtype == torch.float32 else t
+
+
+@dataclasses.dataclass
+class NVFP4WeightStack:
+    """A (G, N, K) stack of expert weights, quantized per expert (SPEC 4: 16x16 tiles).
+
+    rowwise_data:     uint8 (G, N, K/2)   feeds fprop (x . W^T, contraction over K)
+    rowwise_scale:    float8_e4m3fn (G, N, K/16)
+    columnwise_data:  uint8 (G, K, N/2)   the quantization of each W^T; feeds dgrad
+    columnwise_scale: float8_e4m3fn (G, K, N/16)
+    amax:             fp32 (G,), per-expert amax, shared by both copies (no RHT on weights)
+    With 16x16 tiles the column-wise copy is the exact transpose of the row-wise one.
+    """
+
+    rowwise_data: torch.Tensor
+    rowwise_scale: torch.Tensor
+    columnwise_data: torch.Tensor
+    columnwise_scale: torch.Tensor
+    amax: torch.Tensor
+
+    def dequantize(self, columnwise: bool = False) -> torch.Tensor:
+        """fp32 (G, N, K) from the row-wise copy, or (G, K, N) from the column-wise copy."""
+        data, scale = (self.columnwise_data, self.columnwise_scale) if columnwise else (self.rowwise_data, self.rowwise_scale)
+        g, n, half = data.shape
+        amax = self.amax.float().repeat_interleave(n).unsqueeze(1)
+        return dequantize_blocks(data.reshape(g * n, half), scale.reshape(g * n, -1), amax).reshape(g, n, 2 * half)
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
