@@ -1,8 +1,8 @@
 """Containers for quantized tensors: what a quantizer returns and a GEMM consumes.
 
 Plain dataclasses of torch tensors (not tensor subclasses): they cross the
-``nvfp4::*`` op boundary as tuples (``as_tuple`` / ``from_tuple``), with an empty
-tensor standing for a missing copy.
+``nvfp4::*`` op boundary as tuples (``as_tuple``), with an empty tensor standing for a
+missing copy (``quantize.py`` turns those back into None).
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ class NVFP4Tensor:
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
-
-    @classmethod
-    def from_tuple(cls, tensors) -> "NVFP4Tensor":
-        return cls(*(_or_none(t) for t in tensors))
 
 
 @dataclasses.dataclass
@@ -113,10 +109,6 @@ class NVFP4GroupedTensor:
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
         return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
 
-    @classmethod
-    def from_tuple(cls, tensors) -> "NVFP4GroupedTensor":
-        return cls(*(_or_none(t) for t in tensors))
-
 
 def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
     if data is None:
@@ -127,9 +119,6 @@ def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
 def _or_empty(t: Optional[torch.Tensor]) -> torch.Tensor:
     return torch.empty(0) if t is None else t
 
-
-def _or_none(t: torch.Tensor) -> Optional[torch.Tensor]:
-    return None if t.numel() == 0 and t.dim() == 1 and t.dtype == torch.float32 else t
 
 
 @dataclasses.dataclass

@@ -1,0 +1,243 @@
+"""``torch.library`` ops ``nvfp4::*``: one op per step of the eager chain.
+
+Each op runs the step with the lowering for its inputs' device (``lowerings``): the
+reference on CPU, the Triton kernels on CUDA once wired. Fake impls give shapes for
+tracing. Optional outputs (a copy that was not asked for) come back as empty tensors;
+the Python wrappers in ``quantize.py`` turn them into None.
+
+Stochastic rounding draws its Philox seed inside the op (``numerics.draw_seed``) at run
+time, from torch's CPU generator: eager and compiled runs consume the generator in the
+same order, so a fixed ``torch.manual_seed`` gives the same bits in both.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import numerics
+from .activations import compute_dtype
+from .constants import BLOCK
+from .lowerings import lowering_for_device
+from .validate import check_group_sizes_values
+
+LIB = "nvfp4"
+
+
+def _empty(like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=like.device)
+
+
+def _or_empty(t: Optional[Tensor], like: Tensor, dtype: torch.dtype) -> Tensor:
+    return _empty(like, dtype) if t is None else t
+
+
+# ---------------------------------------------------------------------------------------
+# Quantization
+
+
+@torch.library.custom_op(f"{LIB}::quantize", mutates_args=())
+def quantize_op(
+    x: Tensor,
+    rowwise: bool,
+    columnwise: bool,
+    rht: bool,
+    sign_mask: int,
+    block_2d: bool,
+    stochastic_rounding: bool,
+    rowwise_amax: Optional[Tensor],
+    columnwise_amax: Optional[Tensor],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(row data, row scale, row amax, col data, col scale, col amax); empty when absent."""
+    q = lowering_for_device(x.device).quantize(
+        x,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        rht=rht,
+        sign_mask=sign_mask,
+        block_2d=block_2d,
+        stochastic_rounding=stochastic_rounding,
+        rowwise_amax=rowwise_amax,
+        columnwise_amax=columnwise_amax,
+    )
+    dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
+    return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple(), dtypes))
+
+
+@quantize_op.register_fake
+def _(x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax):
+    m, k = x.shape
+    row = (
+        (x.new_empty(m, k // 2, dtype=torch.uint8), x.new_empty(m, k // BLOCK, dtype=torch.float8_e4m3fn),
+         x.new_empty((), dtype=torch.float32))
+        if rowwise else (_empty(x, torch.uint8), _empty(x, torch.float8_e4m3fn), _empty(x))
+    )
+    col = (
+        (x.new_empty(k, m // 2, dtype=torch.uint8), x.new_empty(k, m // BLOCK, dtype=torch.float8_e4m3fn),
+         x.new_empty((), dtype=torch.float32))
+        if columnwise else (_empty(x, torch.uint8), _empty(x, torch.float8_e4m3fn), _empty(x))
+    )
+    return row + col
+
+
+@torch.library.custom_op(f"{LIB}::group_quantize", mutates_args=())
+def group_quantize_op(
+    x: Tensor,
+    group_sizes: Tensor,
+    rowwise: bool,
+    columnwise: bool,
+    rht: bool,
+    sign_mask: int,
+    stochastic_rounding: bool,
+    rowwise_amax: Optional[Tensor],
+    columnwise_amax: Optional[Tensor],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """NVFP4GroupedTensor fields without group_sizes (the caller has them)."""
+    check_group_sizes_values(group_sizes, x.shape[0])
+    q = lowering_for_device(x.device).group_quantize(
+        x,
+        group_sizes,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        rht=rht,
+        sign_mask=sign_mask,
+        stochastic_rounding=stochastic_rounding,
+        rowwise_amax=rowwise_amax,
+        columnwise_amax=columnwise_amax,
+    )
+    dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2 + (torch.int64,)
+    return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple()[:7], dtypes))
+
+
+@group_quantize_op.register_fake
+def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax):
+    t, k = x.shape
+    g = group_sizes.shape[0]
+    p = numerics.columnwise_capacity(t, g)
+    row = (
+        (x.new_empty(t, k // 2, dtype=torch.uint8), x.new_empty(t, k // BLOCK, dtype=torch.float8_e4m3fn),
+         x.new_empty(g, dtype=torch.float32))
+        if rowwise else (_empty(x, torch.uint8), _empty(x, torch.float8_e4m3fn), _empty(x))
+    )
+    col = (
+        (x.new_empty(k, p // 2, dtype=torch.uint8), x.new_empty(k, p // BLOCK, dtype=torch.float8_e4m3fn),
+         x.new_empty(g, dtype=torch.float32))
+        if columnwise else (_empty(x, torch.uint8), _empty(x, torch.float8_e4m3fn), _empty(x))
+    )
+    return row + col + (x.new_empty(g + 1, dtype=torch.int64),)
+
+
+@torch.library.custom_op(f"{LIB}::group_hadamard_amax", mutates_args=())
+def group_hadamard_amax_op(x: Tensor, group_sizes: Tensor, sign_mask: int) -> tuple[Tensor, Tensor]:
+    """Per-group (pre-RHT amax, post-RHT amax), one pass over x."""
+    return lowering_for_device(x.device).group_hadamard_amax(x, group_sizes, sign_mask)
+
+
+@group_hadamard_amax_op.register_fake
+def _(x, group_sizes, sign_mask):
+    g = group_sizes.shape[0]
+    return x.new_empty(g, dtype=torch.float32), x.new_empty(g, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_weights", mutates_args=())
+def quantize_weights_op(w: Tensor, block_2d: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """NVFP4WeightStack fields of a (G, N, K) expert weight stack."""
+    return lowering_for_device(w.device).quantize_weights(w, block_2d=block_2d).as_tuple()
+
+
+@quantize_weights_op.register_fake
+def _(w, block_2d):
+    g, n, k = w.shape
+    return (
+        w.new_empty(g, n, k // 2, dtype=torch.uint8),
+        w.new_empty(g, n, k // BLOCK, dtype=torch.float8_e4m3fn),
+        w.new_empty(g, k, n // 2, dtype=torch.uint8),
+        w.new_empty(g, k, n // BLOCK, dtype=torch.float8_e4m3fn),
+        w.new_empty(g, dtype=torch.float32),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Grouped GEMMs
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gemm", mutates_args=())
+def grouped_gemm_op(
+    a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
+    group_sizes: Tensor,
+) -> Tensor:
+    """fprop/dgrad: (T, N) bf16 = per group alpha_g * deq(a) . deq(b_g)^T."""
+    return lowering_for_device(a_data.device).grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes)
+
+
+@grouped_gemm_op.register_fake
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes):
+    return a_data.new_empty(a_data.shape[0], b_data.shape[1], dtype=torch.bfloat16)
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gemm_wgrad", mutates_args=())
+def grouped_gemm_wgrad_op(
+    a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
+    padded_offsets: Tensor,
+) -> Tensor:
+    """wgrad: (G, N, M) bf16 from two column-wise grouped copies (contraction over tokens)."""
+    return lowering_for_device(a_data.device).grouped_gemm_wgrad(
+        a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets
+    )
+
+
+@grouped_gemm_wgrad_op.register_fake
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets):
+    return a_data.new_empty(padded_offsets.shape[0] - 1, a_data.shape[0], b_data.shape[0], dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------
+# Activation (scaled by the router probability) and its backward
+
+
+@torch.library.custom_op(f"{LIB}::activation", mutates_args=())
+def activation_op(c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float]) -> Tensor:
+    """D = round(f(C) * p) to C's dtype (``activations.activation_forward``)."""
+    return lowering_for_device(c.device).activation_forward(c, probs, activation, tanh_clamp_scale)
+
+
+@activation_op.register_fake
+def _(c, probs, activation, tanh_clamp_scale):
+    f = c.shape[1] // 2 if activation == "swiglu" else c.shape[1]
+    return c.new_empty(c.shape[0], f)
+
+
+@torch.library.custom_op(f"{LIB}::activation_backward", mutates_args=())
+def activation_backward_op(
+    g: Tensor, c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float],
+    regenerate: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dC, dprobs (empty without probs), D regenerated (empty unless `regenerate`))."""
+    dc, dp, d = lowering_for_device(c.device).activation_backward(
+        g.contiguous(), c, probs, activation, tanh_clamp_scale, regenerate=regenerate
+    )
+    return dc, _or_empty(dp, c, compute_dtype(c)), _or_empty(d, c, c.dtype)
+
+
+@activation_backward_op.register_fake
+def _(g, c, probs, activation, tanh_clamp_scale, regenerate):
+    dp = c.new_empty(c.shape[0], dtype=compute_dtype(c)) if probs is not None else _empty(c, compute_dtype(c))
+    d = c.new_empty(g.shape) if regenerate else _empty(c, c.dtype)
+    return c.new_empty(c.shape), dp, d
+
+
+def _activation_setup_context(ctx, inputs, output):
+    c, probs, activation, tanh_clamp_scale = inputs
+    ctx.save_for_backward(c, probs)
+    ctx.activation, ctx.tanh_clamp_scale = activation, tanh_clamp_scale
+
+
+def _activation_backward(ctx, grad):
+    c, probs = ctx.saved_tensors
+    dc, dp, _ = activation_backward_op(grad, c, probs, ctx.activation, ctx.tanh_clamp_scale, False)
+    return dc, (dp.to(probs.dtype) if probs is not None else None), None, None
+
+
+activation_op.register_autograd(_activation_backward, setup_context=_activation_setup_context)

@@ -1,0 +1,76 @@
+"""Public quantizers: validate, run the ``nvfp4::`` op, wrap the result."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
+from .tensor import NVFP4GroupedTensor, NVFP4Tensor
+from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args
+
+
+def _present(tensors, rowwise: bool, columnwise: bool) -> list:
+    keep = [rowwise] * 3 + [columnwise] * 3
+    return [t if k else None for t, k in zip(tensors, keep)]
+
+
+def quantize(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    rht: bool = False,
+    sign_mask: int = 0xD7E8,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    rowwise_amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+) -> NVFP4Tensor:
+    """Quantize an (M, K) tensor to NVFP4 (SPEC 1-4).
+
+    rowwise / columnwise: which copies to make (column-wise = the quantization of x^T,
+    for wgrad). rht: random Hadamard transform of the column-wise copy only (bf16 x).
+    block_2d: 16x16 tiles (weights). stochastic_rounding: Philox-driven SR, seeded from
+    torch's generator. rowwise_amax / columnwise_amax: fp32 scalars to use instead of
+    computing the amaxes (the column-wise one is post-RHT when `rht`).
+    """
+    check_quantize_args(
+        x, rowwise=rowwise, columnwise=columnwise, rht=rht, sign_mask=sign_mask, block_2d=block_2d, grouped=False
+    )
+    check_amax_arg("rowwise_amax", rowwise_amax, 1)
+    check_amax_arg("columnwise_amax", columnwise_amax, 1)
+    out = torch.ops.nvfp4.quantize(
+        x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax
+    )
+    return NVFP4Tensor(*_present(out, rowwise, columnwise))
+
+
+def group_quantize(
+    x: torch.Tensor,
+    group_sizes: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    rht: bool = False,
+    sign_mask: int = 0xD7E8,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    rowwise_amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+) -> NVFP4GroupedTensor:
+    """Quantize a (T, K) tensor whose rows are G groups of sizes `group_sizes` (an int
+    tensor on x's device), each group with its own amaxes (SPEC 4). Options as
+    ``quantize``; amaxes, if supplied, are fp32 (G,). Group sizes may be anything >= 0
+    summing to T (rows past a group's end count as zeros in its column-wise copy)."""
+    check_quantize_args(
+        x, rowwise=rowwise, columnwise=columnwise, rht=rht, sign_mask=sign_mask, block_2d=block_2d, grouped=True
+    )
+    check_group_sizes_meta(group_sizes)
+    check_amax_arg("rowwise_amax", rowwise_amax, group_sizes.shape[0])
+    check_amax_arg("columnwise_amax", columnwise_amax, group_sizes.shape[0])
+    out = torch.ops.nvfp4.group_quantize(
+        x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax
+    )
+    return NVFP4GroupedTensor(*_present(out[:6], rowwise, columnwise), out[6], group_sizes.to(torch.int64))
