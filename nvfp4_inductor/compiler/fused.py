@@ -1,0 +1,211 @@
+"""The fused grouped-MLP ops the backend puts in place of each recognised site.
+
+Contract (STYLE 17): ``nvfp4::grouped_mlp_fwd`` + ``nvfp4::grouped_mlp_bwd`` are, as a
+pair, equivalent bit for bit to the eager chain of ``nn.py``; ``nvfp4::grouped_mlp_infer``
+is interchangeable with the pair's forward output. They call the same lowering steps as
+the eager ops, so equality is by construction. What the forward returns beyond Y is
+exactly what AOTAutograd saves for the backward:
+
+    saved, recompute=True (default; SPEC 6)     saved, recompute=False
+    C (T, F1) bf16                              C
+    x's column-wise RHT copy + amax + offsets   x's column-wise RHT copy + amax + offsets
+    W1, W2 column-wise copies + amaxes          W1, W2 column-wise copies + amaxes
+    D's column-wise amax (G,) fp32              D's column-wise copy (K, P/2) + scales + amax
+    probs, group_sizes                          probs, group_sizes
+
+With recompute the forward quantizes D row-wise only, with the pre-RHT amax from one
+group Hadamard-amax pass that also yields the post-RHT amax (or, on targets whose fc1
+epilogue emits them, from that epilogue); the backward regenerates D bit-exactly in the
+activation-gradient step and casts it column-wise with the saved post-RHT amax, so no
+amax pass over D runs in the backward. The backward is its own op: a backward that
+called the forward op again would be merged with it by the partitioner's CSE and the
+activation saved after all (PITFALLS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..lowerings import lowering_for_device
+from ..recipe import Recipe
+from ..validate import check_group_sizes_values, check_grouped_mlp_args
+
+LIB = "nvfp4"
+
+
+def _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes, *, rht, sign_mask, block_2d, columnwise):
+    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=columnwise, rht=rht, sign_mask=sign_mask)
+    return xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), lw.quantize_weights(fc2_weight, block_2d=block_2d)
+
+
+def _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale):
+    c = lw.grouped_gemm(xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax,
+                        w1q.rowwise_data, w1q.rowwise_scale, w1q.amax, group_sizes)
+    return c, lw.activation_forward(c, probs, activation, tanh_clamp_scale)
+
+
+def _fc2(lw, dq, w2q, group_sizes):
+    return lw.grouped_gemm(dq.rowwise_data, dq.rowwise_scale, dq.rowwise_amax,
+                           w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mlp_infer", mutates_args=())
+def grouped_mlp_infer(
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
+) -> Tensor:
+    """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
+    check_group_sizes_values(group_sizes, x.shape[0])
+    lw = lowering_for_device(x.device)
+    xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
+                                    rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=False)
+    _, d = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale)
+    dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False)
+    return _fc2(lw, dq, w2q, group_sizes)
+
+
+@grouped_mlp_infer.register_fake
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d):
+    return x.new_empty(x.shape[0], fc2_weight.shape[1])
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mlp_fwd", mutates_args=())
+def grouped_mlp_fwd(
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
+    stochastic_rounding: bool, recompute: bool,
+) -> list[Tensor]:
+    """[Y, C, x col (data, scale, amax), padded offsets, W1 col (data, scale), W1 amax,
+    W2 col (data, scale), W2 amax, D col amax, D col data, D col scale] — the last two
+    empty with recompute (D is rebuilt in the backward)."""
+    check_group_sizes_values(group_sizes, x.shape[0])
+    lw = lowering_for_device(x.device)
+    xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
+                                    rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=True)
+    c, d = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale)
+    if recompute:
+        pre_rht, post_rht = lw.group_hadamard_amax(d, group_sizes, sign_mask)
+        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
+        d_col = (post_rht if rht else pre_rht, d.new_empty(0, dtype=torch.uint8), d.new_empty(0, dtype=torch.float8_e4m3fn))
+    else:
+        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
+        d_col = (dq.columnwise_amax, dq.columnwise_data, dq.columnwise_scale)
+    y = _fc2(lw, dq, w2q, group_sizes)
+    return [y, c, xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets,
+            w1q.columnwise_data, w1q.columnwise_scale, w1q.amax,
+            w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, *d_col]
+
+
+@grouped_mlp_fwd.register_fake
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
+      stochastic_rounding, recompute):
+    from ..numerics import columnwise_capacity
+
+    t, h = x.shape
+    g, f1, _ = fc1_weight.shape
+    f = fc2_weight.shape[2]
+    p = columnwise_capacity(t, g)
+    e4m3 = torch.float8_e4m3fn
+
+    def new(*shape, dtype):
+        return x.new_empty(*shape, dtype=dtype)
+
+    d_col = (new(0, dtype=torch.uint8), new(0, dtype=e4m3)) if recompute else (
+        new(f, p // 2, dtype=torch.uint8), new(f, p // 16, dtype=e4m3))
+    return [new(t, h, dtype=torch.bfloat16), new(t, f1, dtype=torch.bfloat16),
+            new(h, p // 2, dtype=torch.uint8), new(h, p // 16, dtype=e4m3), new(g, dtype=torch.float32),
+            new(g + 1, dtype=torch.int64),
+            new(g, h, f1 // 2, dtype=torch.uint8), new(g, h, f1 // 16, dtype=e4m3), new(g, dtype=torch.float32),
+            new(g, f, h // 2, dtype=torch.uint8), new(g, f, h // 16, dtype=e4m3), new(g, dtype=torch.float32),
+            new(g, dtype=torch.float32), *d_col]
+
+
+@torch.library.custom_op(f"{LIB}::grouped_mlp_bwd", mutates_args=())
+def grouped_mlp_bwd(
+    dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor,
+    x_col_data: Tensor, x_col_scale: Tensor, x_col_amax: Tensor, offsets: Tensor,
+    w1_col_data: Tensor, w1_col_scale: Tensor, w1_amax: Tensor,
+    w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
+    d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
+    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
+    recompute: bool,
+) -> list[Tensor]:
+    """[dX, dW1, dW2, dprobs (empty without probs)]; SR seeds drawn dY first, then dC."""
+    lw = lowering_for_device(dy.device)
+
+    def quantize_grad(t):
+        return lw.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
+                                 stochastic_rounding=stochastic_rounding)
+
+    dyq = quantize_grad(dy.contiguous())
+    g = lw.grouped_gemm(dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax,
+                        w2_col_data, w2_col_scale, w2_amax, group_sizes)
+    dc, dp, d = lw.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+    if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
+        dq = lw.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
+                               columnwise_amax=d_col_amax)
+        d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
+    dw2 = lw.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
+                                d_col_data, d_col_scale, d_col_amax, offsets)
+    dcq = quantize_grad(dc)
+    dx = lw.grouped_gemm(dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
+                         w1_col_data, w1_col_scale, w1_amax, group_sizes)
+    dw1 = lw.grouped_gemm_wgrad(dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax,
+                                x_col_data, x_col_scale, x_col_amax, offsets)
+    dprobs = dp.to(probs.dtype) if probs is not None else dy.new_empty(0, dtype=torch.float32)
+    return [dx, dw1, dw2, dprobs]
+
+
+@grouped_mlp_bwd.register_fake
+def _(dy, c, probs, group_sizes, x_col_data, x_col_scale, x_col_amax, offsets, w1_col_data, w1_col_scale, w1_amax,
+      w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale, activation, tanh_clamp_scale, rht,
+      sign_mask, stochastic_rounding, recompute):
+    g, h, f1_half = w1_col_data.shape
+    f = w2_col_data.shape[1]
+    dprobs = probs.new_empty(probs.shape) if probs is not None else dy.new_empty(0, dtype=torch.float32)
+    return [dy.new_empty(dy.shape[0], h), dy.new_empty(g, 2 * f1_half, h), dy.new_empty(g, h, f), dprobs]
+
+
+def _setup_context(ctx, inputs, output):
+    (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
+     stochastic_rounding, recompute) = inputs
+    ctx.save_for_backward(output[1], probs, group_sizes, *output[2:])
+    ctx.options = (activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute)
+    ctx.has_probs = probs is not None
+
+
+def _backward(ctx, grads):
+    c, probs, group_sizes, *saved = ctx.saved_tensors
+    dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], c, probs, group_sizes, *saved, *ctx.options)
+    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * 7
+
+
+grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_grouped_mlp(
+    x: Tensor,
+    fc1_weight: Tensor,
+    fc2_weight: Tensor,
+    group_sizes: Tensor,
+    probs: Optional[Tensor],
+    *,
+    activation: str,
+    tanh_clamp_scale: Optional[float],
+    recipe: Recipe,
+    recompute: bool,
+) -> Tensor:
+    """What a rewritten site calls (traced by AOTAutograd): the inference op when no
+    gradient is needed, else the forward op whose autograd formula runs the backward op."""
+    check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
+    )
+    common = (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale,
+              recipe.rht, recipe.sign_mask, recipe.block_2d)
+    if not needs_grad:
+        return grouped_mlp_infer(*common)
+    return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute)[0]
