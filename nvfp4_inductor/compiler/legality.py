@@ -1,0 +1,65 @@
+"""Can a matched Site take the fused grouped-MLP call? Dtypes, shapes, expert counts.
+
+``can_grouped_mlp(site)`` returns None when the canonical call can replace the site, else
+the reason (rule and value). It decides legality only; which target runs the call is
+the backend's policy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .nodes import val
+from .site import Site, Weight
+
+BLOCK = 16  # NVFP4 block size: H and F must be multiples of it (SPEC section 1)
+
+
+def weight_shape(weight: Weight) -> tuple:
+    """``(G, out, in)`` of a weight in the canonical nn.Linear layout."""
+    first = tuple(val(weight.nodes[0]).shape)
+    g, (a, b) = (first[0], first[1:]) if weight.stacked else (len(weight.nodes), first)
+    return (g, a, b) if weight.layout == "out_in" else (g, b, a)
+
+
+def can_grouped_mlp(site: Site) -> str | None:
+    x = val(site.x)
+    weights = {"fc1 weight": site.fc1_weight, "fc2 weight": site.fc2_weight}
+    if site.fc1_up_weight is not None:
+        weights["fc1 up weight"] = site.fc1_up_weight
+    for name, tensor in [("x", x)] + [(n, val(node)) for n, w in weights.items() for node in w.nodes]:
+        if tensor.dtype != torch.bfloat16:
+            return f"{name} is {tensor.dtype}; the fused grouped MLP takes torch.bfloat16"
+        if tensor.device != x.device:
+            return f"{name} is on {tensor.device}, x on {x.device}"
+    for name, w in weights.items():
+        shapes = {tuple(val(n).shape) for n in w.nodes}
+        if len(shapes) != 1:
+            return f"{name}: the experts' weights have different shapes {sorted(shapes)}"
+    rank = 3 if site.x_batched else 2
+    if x.dim() != rank:
+        return f"x has {x.dim()} dims, expected {rank}"
+    hidden = x.shape[-1]
+    g1, f1, h1 = weight_shape(site.fc1_weight)
+    g2, h2, f2 = weight_shape(site.fc2_weight)
+    if site.fc1_up_weight is not None:
+        gu, fu, hu = weight_shape(site.fc1_up_weight)
+        if (gu, fu, hu) != (g1, f1, h1):
+            return f"fc1 gate weight is {(g1, f1, h1)} but fc1 up weight is {(gu, fu, hu)} (G, out, in)"
+        f1 = f1 + fu
+    for name, dim in (("H", hidden), ("F", f2), ("G", g1)):
+        if not isinstance(dim, int):
+            return f"{name} = {dim} is symbolic; the expert weights must have static shapes"
+    if g1 != g2:
+        return f"fc1 weight has {g1} experts, fc2 weight has {g2}"
+    if g1 != site.group_sizes.count:
+        return f"the weights have {g1} experts, the routing has {site.group_sizes.count} groups"
+    if h1 != hidden or h2 != hidden:
+        return f"x has H = {hidden}, fc1 weight takes {h1}, fc2 weight gives {h2}"
+    expected_f1 = 2 * f2 if site.activation == "swiglu" else f2
+    if f1 != expected_f1:
+        return f"fc1 gives {f1} features, fc2 takes {f2}; {site.activation} needs fc1 = {expected_f1}"
+    for name, dim in (("H", hidden), ("F", f2)):
+        if dim % BLOCK:
+            return f"{name} = {dim} is not a multiple of {BLOCK} (the NVFP4 block size)"
+    return None

@@ -1,0 +1,150 @@
+"""Find grouped-MLP sites in a Dynamo graph and replace each by one canonical call.
+
+``find_sites(gm)`` runs the matchers in order (the thin pipeline). ``rewrite_sites``
+normalises each site's operands with a few inserted nodes and calls the backend's
+``make_call`` (signature in site.py)::
+
+    x      = x                           | x.flatten(0, 1)                   (bmm batch)
+    W1     = W1 | stack(W1_e) [.transpose(1, 2)] [cat((W1, Wup), 1)] [roll halves]
+    W2     = W2 | stack(W2_e) [.transpose(1, 2)]
+    sizes  = diff(offs, prepend=[0]) | counts.to(int32) | tensor(split sizes) | full(G, T/G)
+    probs  = p [.reshape(-1)]
+    y      = make_call(x, W1, W2, sizes, probs, activation=..., tanh_clamp_scale=...)
+    y      = y [.view_as(x batch)] [.to(output dtype)]
+
+Every inserted node gets ``meta["val"]`` (and ``example_value``) computed by running its
+target on the example values under the graph's fake mode; the call's value is the
+contract's (T, H) bf16. The site's output uses move to ``y`` and the matched nodes left
+without users are erased.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._guards import detect_fake_mode
+
+from .match_bmm import find_bmm
+from .match_expert_loop import find_expert_loop
+from .match_grouped_mlp import find_grouped_mlp
+from .match_grouped_mm import find_grouped_mm
+from .nodes import Node, val
+from .site import Rejection, Site, Weight
+
+# In order: our own op first (it is already canonical), then the most used spellings.
+MATCHERS = (
+    ("grouped_mlp_module", find_grouped_mlp),
+    ("grouped_mm", find_grouped_mm),
+    ("expert_loop", find_expert_loop),
+    ("bmm", find_bmm),
+)
+
+
+def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
+    sites, rejections = [], []
+    for _, find in MATCHERS:
+        found, rejected = find(gm)
+        sites += found
+        rejections += rejected
+    return sites, rejections
+
+
+def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> None:
+    """Replace every site by ``make_call(...)``; recompiles ``gm``."""
+    if not sites:
+        return
+    fake_mode = detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
+    for site in sites:
+        _Inserter(gm.graph, fake_mode, site.output).replace(site, make_call)
+    gm.graph.lint()
+    gm.recompile()
+
+
+class _Inserter:
+    """Inserts nodes before ``anchor``, each with its fake value and the anchor's
+    source metadata (stack trace, module stack) for provenance."""
+
+    def __init__(self, graph: torch.fx.Graph, fake_mode, anchor: Node):
+        self.graph, self.fake_mode, self.anchor = graph, fake_mode, anchor
+
+    def call(self, target, *args, **kwargs) -> Node:
+        return self._insert("call_function", target, args, kwargs, value=None)
+
+    def method(self, name: str, *args, **kwargs) -> Node:
+        return self._insert("call_method", name, args, kwargs, value=None)
+
+    def _insert(self, op, target, args, kwargs, value):
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.create_node(op, target, args, kwargs)
+        if value is None:
+            fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), val)
+            with self.fake_mode:
+                fn = target if op == "call_function" else getattr(type(fake_args[0]), target)
+                value = fn(*fake_args, **fake_kwargs)
+        node.meta["val"] = node.meta["example_value"] = value
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in self.anchor.meta:
+                node.meta[key] = self.anchor.meta[key]
+        return node
+
+    # ------------------------------------------------------------------ one site
+
+    def replace(self, site: Site, make_call) -> None:
+        x = self.method("flatten", site.x, 0, 1) if site.x_batched else site.x
+        fc1 = self.weight(site.fc1_weight)
+        if site.fc1_up_weight is not None:
+            fc1 = self.call(torch.cat, [fc1, self.weight(site.fc1_up_weight)], 1)
+        if site.gate_second:
+            # rolling the 2F rows by F swaps the halves: the gate (silu) half comes first
+            fc1 = self.call(torch.roll, fc1, val(fc1).shape[1] // 2, 1)
+        fc2 = self.weight(site.fc2_weight)
+        sizes = self.group_sizes(site, x)
+        probs = site.probs
+        if probs is not None and val(probs).dim() != 1:
+            probs = self.call(torch.reshape, probs, (-1,))
+        x_val, fc2_val = val(x), val(fc2)
+        with self.fake_mode:
+            y_val = x_val.new_empty((x_val.shape[0], fc2_val.shape[1]), dtype=torch.bfloat16)
+        y = self._insert("call_function", make_call, (x, fc1, fc2, sizes, probs),
+                         {"activation": site.activation, "tanh_clamp_scale": site.tanh_clamp_scale},
+                         value=y_val)
+        if site.x_batched:
+            y = self.method("view_as", y, site.x)
+        if val(site.output).dtype != torch.bfloat16:
+            y = self.method("to", y, val(site.output).dtype)
+        site.output.replace_all_uses_with(y)
+        _erase_dead(self.graph, site.nodes)
+
+    def weight(self, weight: Weight) -> Node:
+        w = weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0)
+        return w if weight.layout == "out_in" else self.call(torch.transpose, w, 1, 2)
+
+    def group_sizes(self, site: Site, x: Node) -> Node:
+        sizes, device = site.group_sizes, val(x).device
+        if sizes.kind == "offsets":
+            offs = sizes.source
+            zero = self.call(torch.zeros, (1,), dtype=val(offs).dtype, device=device)
+            out = self.call(torch.diff, offs, dim=0, prepend=zero)
+        elif sizes.kind == "sizes":
+            out = sizes.source
+        elif sizes.kind == "split":
+            out = self.call(torch.tensor, list(sizes.source), dtype=torch.int32, device=device)
+        else:  # "equal": x was flattened from a (G, T/G, H) batch
+            rows = self.method("size", site.x, 1)
+            out = self.call(torch.full, (sizes.count,), rows, dtype=torch.int32, device=device)
+        if val(out).dtype != torch.int32:
+            out = self.method("to", out, torch.int32)
+        return out
+
+
+def _erase_dead(graph: torch.fx.Graph, nodes) -> None:
+    """Erase the matched nodes left without users, last first, until none is erasable."""
+    pending = [n for n in nodes if n.op in ("call_function", "call_method")]
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(pending):
+            if not node.users:
+                graph.erase_node(node)
+                pending.remove(node)
+                changed = True
