@@ -1,13 +1,19 @@
 """nvfp4_inductor: train mixture-of-experts grouped MLPs in NVFP4 with torch.compile.
 
-Public names: ``Recipe``, ``quantize``, ``group_quantize``, ``NVFP4Tensor``,
-``NVFP4GroupedTensor``, ``NVFP4WeightStack``, ``grouped_mlp``, ``GroupedMLP``.
+    torch.compile(model, backend="nvfp4")             # or backend=nvfp4_inductor.backend(...)
+    nvfp4_inductor.GroupedMLP / grouped_mlp           # eager NVFP4 (the reference semantics)
+    nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (SPEC.md 1-4)
+    nvfp4_inductor.explain / dump_code / compare      # look inside and check, bitwise
 """
 
+from .compiler.backend import backend, register
+from .inspect import compare, dump_code, explain
 from .nn import GroupedMLP, grouped_mlp
 from .quantize import group_quantize, quantize
 from .recipe import Recipe
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
+
+register()
 
 __all__ = [
     "GroupedMLP",
@@ -15,6 +21,10 @@ __all__ = [
     "NVFP4Tensor",
     "NVFP4WeightStack",
     "Recipe",
+    "backend",
+    "compare",
+    "dump_code",
+    "explain",
     "group_quantize",
     "grouped_mlp",
     "quantize",

@@ -209,3 +209,47 @@ def fused_grouped_mlp(
     if not needs_grad:
         return grouped_mlp_infer(*common)
     return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute)[0]
+
+
+def describe_steps(*, recompute: bool, fused_amax: bool, rht: bool, stochastic_rounding: bool):
+    """The steps each fused op runs, in order, for ``explain`` (kept beside the ops they
+    describe). Returns (forward steps, backward steps)."""
+    col = "col RHT" if rht else "col"
+    sr = ", SR" if stochastic_rounding else ""
+    d_amax = "fc1 epilogue (pre/post-RHT amax of D)" if fused_amax else "group_hadamard_amax(D): pre+post-RHT amax, one pass"
+    forward = [
+        f"group_quantize(x): row + {col}",
+        "quantize_weights(W1), quantize_weights(W2): row + col",
+        "grouped_gemm fc1 -> C (saved)",
+        "activation(C, p) -> D",
+        *([d_amax, "group_quantize(D): row only, supplied amax"] if recompute else [f"group_quantize(D): row + {col}"]),
+        "grouped_gemm fc2 -> Y",
+    ]
+    backward = [
+        f"group_quantize(dY): row + {col}{sr}",
+        "grouped_gemm dgrad fc2 -> G",
+        "activation_backward(G, C, p) -> dC, dp" + (", D regenerated" if recompute else ""),
+        *([f"group_quantize(D): {col} only, saved amax (no amax pass)"] if recompute else []),
+        "grouped_gemm_wgrad -> dW2",
+        f"group_quantize(dC): row + {col}{sr}",
+        "grouped_gemm dgrad fc1 -> dX",
+        "grouped_gemm_wgrad -> dW1",
+    ]
+    return forward, backward
+
+
+def saved_for_backward(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation: str,
+                       recompute: bool) -> list[tuple[str, Tensor]]:
+    """(name, meta tensor) of everything the forward op saves, from its own fake impl
+    run on meta tensors of the given tensors' shapes and dtypes."""
+    names = ["C", "x col data", "x col scale", "x col amax", "padded offsets", "W1 col data", "W1 col scale",
+             "W1 amax", "W2 col data", "W2 col scale", "W2 amax", "D col amax", "D col data", "D col scale"]
+    x, fc1_weight, fc2_weight, group_sizes, probs = (
+        None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+        for t in (x, fc1_weight, fc2_weight, group_sizes, probs)
+    )
+    outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, activation, None, True, 0, True, False,
+                           recompute)
+    saved = [(n, t) for n, t in zip(names, outs[1:]) if t.numel()]
+    extra = [("group_sizes", group_sizes)] + ([("probs", probs)] if probs is not None else [])
+    return saved + extra

@@ -1,0 +1,1 @@
+"""The torch.compile backend: recognition (match_*.py), rewrite, fused ops, options."""

@@ -1,0 +1,148 @@
+"""The ``nvfp4`` torch.compile backend: rewrite grouped-MLP sites, then Inductor as usual.
+
+    Dynamo graph
+      -> find_sites            every grouped-MLP spelling, plus rejections with reasons
+      -> choose_plan           target + fused-amax decision per site (lowerings/policy.py)
+      -> rewrite_sites         each site becomes one ``fused_grouped_mlp`` call
+      -> compile_fx            Inductor compiles the whole graph; AOTAutograd saves what
+                               the fused op's autograd formula saves
+
+Registered under the name "nvfp4" both through the ``torch_dynamo_backends`` entry point
+and at import, guarded so either order works (PITFALLS.md: duplicate name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from ..lowerings import SiteSpec, choose_plan
+from ..lowerings.policy import Plan, available_targets
+from ..recipe import Recipe
+from .fused import fused_grouped_mlp
+from .options import BackendOptions
+from .rewrite import find_sites, rewrite_sites
+from .site import Rejection, Site
+
+BACKEND_NAME = "nvfp4"
+
+
+@dataclasses.dataclass
+class CompiledGraphRecord:
+    """What one backend call did, for ``explain``: each site with its plan and the call
+    node that replaced it, and each rejection."""
+
+    sites: list[tuple[Site, Plan]]
+    call_nodes: list[torch.fx.Node]
+    rejections: list[Rejection]
+    options: BackendOptions
+
+
+class _PackageVersion(CustomGraphPass):
+    """A no-op post-grad pass whose uuid hashes this package's sources, so Inductor's and
+    AOTAutograd's caches miss when our code changes (PITFALLS.md: stale artifacts)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> bytes:
+        return _package_hash()
+
+
+@functools.cache
+def _package_hash() -> bytes:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    return get_hash_for_files(tuple(sorted(str(p) for p in root.rglob("*.py"))))
+
+
+def _site_call(options: BackendOptions):
+    """The callable a rewritten site calls, with this backend's options bound. A fresh
+    function per site, so the site's call node can be found after the rewrite."""
+
+    def nvfp4_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
+        return fused_grouped_mlp(
+            x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
+            tanh_clamp_scale=tanh_clamp_scale, recipe=options.recipe, recompute=options.recompute,
+        )
+
+    return nvfp4_grouped_mlp
+
+
+def _site_options(site: Site, options: BackendOptions) -> BackendOptions:
+    """A ``grouped_mlp``/``GroupedMLP`` call keeps the recipe its caller gave it; plain
+    spellings take the backend's."""
+    recipe_node = site.output.kwargs.get("recipe") if site.spelling == "grouped_mlp_module" else None
+    if isinstance(recipe_node, torch.fx.Node) and recipe_node.target is Recipe:
+        return dataclasses.replace(options, recipe=Recipe(*recipe_node.args, **recipe_node.kwargs))
+    if isinstance(recipe_node, Recipe):
+        return dataclasses.replace(options, recipe=recipe_node)
+    return options
+
+
+def example_device(gm: torch.fx.GraphModule) -> torch.device:
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    spec = SiteSpec(activation=site.activation, device_type=device.type, capability=capability)
+    return choose_plan(spec, recipe, available=available_targets(device))
+
+
+def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
+    """Find and rewrite every site in place; returns what was done. `site_call(options)`
+    makes each site's callable (default: the fused NVFP4 ops)."""
+    sites, rejections = find_sites(gm)
+    device = example_device(gm)
+    record = CompiledGraphRecord([], [], rejections, options)
+    for site in sites:
+        site_options = _site_options(site, options)
+        call = (site_call or _site_call)(site_options)
+        rewrite_sites(gm, [site], make_call=call)
+        record.sites.append((site, plan_for(site, device, site_options.recipe)))
+        record.call_nodes.append(next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is call))
+    return record
+
+
+def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
+    rewrite_graph(gm, options)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    patches = dict(list_mode_options(mode)) if mode else {}
+    patches["post_grad_custom_post_pass"] = _PackageVersion()
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
+    """``torch.compile(model, backend="nvfp4", options={"recipe": Recipe(...), "recompute": False})``."""
+    return compile_graph(gm, example_inputs, BackendOptions.parse(options), mode=mode)
+
+
+def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True):
+    """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``."""
+    configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
+
+    def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
+        given = {"recipe": configured.recipe, "recompute": configured.recompute, **(options or {})}
+        return compile_graph(gm, example_inputs, BackendOptions.parse(given), mode=mode)
+
+    return nvfp4_configured
+
+
+def register() -> None:
+    """Register "nvfp4" with Dynamo unless the entry point or an earlier import did."""
+    from torch._dynamo.backends import registry
+
+    if BACKEND_NAME not in registry._BACKENDS and BACKEND_NAME not in registry._COMPILER_FNS:
+        registry.register_backend(nvfp4_backend, name=BACKEND_NAME)

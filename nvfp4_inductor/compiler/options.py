@@ -1,0 +1,34 @@
+"""The backend's options: one frozen object, parsed once, unknown names rejected."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from ..recipe import Recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """recipe: how every tensor is quantized (``Recipe``).
+    recompute: the backward regenerates the fc2 input from the saved pre-activation and
+        casts it with the forward's saved amax (SPEC 6); False saves its column-wise copy.
+        Bitwise-identical results either way."""
+
+    recipe: Recipe = dataclasses.field(default_factory=Recipe)
+    recompute: bool = True
+
+    @classmethod
+    def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
+        options = dict(options or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"unknown nvfp4 backend option(s) {unknown}; valid options are {sorted(names)}")
+        recipe = options.get("recipe", Recipe())
+        if not isinstance(recipe, Recipe):
+            raise ValueError(f"option 'recipe' must be an nvfp4_inductor.Recipe; got {type(recipe).__name__}")
+        recompute = options.get("recompute", True)
+        if not isinstance(recompute, bool):
+            raise ValueError(f"option 'recompute' must be a bool; got {recompute!r}")
+        return cls(recipe=recipe, recompute=recompute)

@@ -1,0 +1,279 @@
+"""Look inside and check: ``explain``, ``dump_code``, ``compare``.
+
+Each compiles `fn` afresh (``torch._dynamo.reset()`` first, so nothing cached from an
+earlier compile answers for it) and prints a table when printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from typing import Any, Callable, Optional
+
+import torch
+
+from .compiler import backend as backend_mod
+from .compiler.fused import describe_steps, saved_for_backward
+from .compiler.options import BackendOptions
+from .lowerings import lowering_for_device
+from .recipe import Recipe
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in [headers] + rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# explain
+
+
+@dataclasses.dataclass
+class SiteReport:
+    location: str
+    spelling: str
+    activation: str
+    target: str
+    reason: str
+    forward_steps: list[str]
+    backward_steps: list[str]
+    saved: list[tuple[str, str, tuple, int]]  # (name, dtype, shape, bytes)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(b for *_, b in self.saved)
+
+
+@dataclasses.dataclass
+class ExplainReport:
+    sites: list[SiteReport]
+    rejected: list[tuple[str, str, str]]  # (location, spelling, reason)
+    graph_breaks: list[str]
+    graphs: int
+
+    def __str__(self) -> str:
+        out = [f"nvfp4 explain: {self.graphs} graph(s), {len(self.sites)} grouped MLP(s) rewritten, "
+               f"{len(self.rejected)} rejected, {len(self.graph_breaks)} graph break(s)"]
+        if self.sites:
+            out.append(format_table(
+                ["#", "site", "spelling", "activation", "target", "saved for bwd"],
+                [[i, s.location, s.spelling, s.activation, s.target, _bytes(s.saved_bytes)]
+                 for i, s in enumerate(self.sites)],
+            ))
+            for i, s in enumerate(self.sites):
+                out.append(f"\nsite {i}: {s.reason}")
+                out.append("  forward : " + " | ".join(s.forward_steps))
+                out.append("  backward: " + " | ".join(s.backward_steps))
+                out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
+                                        [[n, d, "x".join(map(str, sh)), _bytes(b)] for n, d, sh, b in s.saved]))
+        if self.rejected:
+            out.append("\nnot rewritten (run as stock Inductor would):")
+            out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
+        if self.graph_breaks:
+            out.append("\ngraph breaks (code after a break runs outside the compiled graph, unrewritten):")
+            out.extend(f"  - {b}" for b in self.graph_breaks)
+        return "\n".join(out)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _concrete(shape) -> tuple:
+    return tuple(int(s) if not isinstance(s, torch.SymInt) else s.node.hint or 0 for s in shape)
+
+
+def _site_report(site, plan, call_node, options: BackendOptions, device) -> SiteReport:
+    from .compiler.nodes import val
+
+    x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
+    saved = [
+        (name, str(t.dtype).replace("torch.", ""), _concrete(t.shape), math.prod(_concrete(t.shape)) * t.element_size())
+        for name, t in saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation,
+                                          recompute=options.recompute)
+    ]
+    fwd, bwd = describe_steps(recompute=options.recompute, fused_amax=plan.fused_amax, rht=options.recipe.rht,
+                              stochastic_rounding=options.recipe.stochastic_rounding)
+    kernels = lowering_for_device(device).name
+    return SiteReport(site.location, site.spelling, site.activation, f"{plan.target} ({kernels})", plan.reason,
+                      fwd, bwd, saved)
+
+
+def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, **kwargs) -> ExplainReport:
+    """Compile `fn` with the nvfp4 backend, run it on `args`, and report every grouped MLP
+    found (where, which spelling, target and why, the steps forward and backward, what is
+    saved for backward) and every near-miss with the reason it was not rewritten."""
+    options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
+    reports: list[SiteReport] = []
+    rejected: list[tuple[str, str, str]] = []
+    graphs = 0
+
+    def recording_backend(gm, example_inputs, **kw):
+        nonlocal graphs
+        graphs += 1
+        record = backend_mod.rewrite_graph(gm, options)
+        device = backend_mod.example_device(gm)
+        for (site, plan), node in zip(record.sites, record.call_nodes):
+            reports.append(_site_report(site, plan, node, options, device))
+        rejected.extend((r.location, r.spelling, r.reason) for r in record.rejections)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=recording_backend)(*args, **kwargs)
+    torch._dynamo.reset()
+    breaks = [_describe_break(b) for b in torch._dynamo.explain(fn)(*args, **kwargs).break_reasons]
+    torch._dynamo.reset()
+    return ExplainReport(reports, rejected, breaks, graphs)
+
+
+def _describe_break(reason) -> str:
+    where = ""
+    if getattr(reason, "user_stack", None):
+        frame = reason.user_stack[-1]
+        where = f" at {pathlib.Path(frame.filename).name}:{frame.lineno}"
+    return f"{reason.reason.splitlines()[0]}{where}"
+
+
+# ---------------------------------------------------------------------------------------
+# dump_code
+
+
+def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recompute: bool = True) -> list[pathlib.Path]:
+    """Compile and run `fn` (forward, and backward when the output needs grad) under
+    depyf, which writes the Dynamo graph, the forward/backward graphs and Inductor's
+    generated code to `path`; returns the files written."""
+    import depyf
+
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend_mod.backend(recipe=recipe, recompute=recompute))
+    with depyf.prepare_debug(str(path)):
+        out = compiled(*args)
+        outs = [o for o in _flatten(out) if o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
+    torch._dynamo.reset()
+    return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------
+# compare
+
+
+@dataclasses.dataclass
+class CompareRow:
+    name: str
+    bitwise: bool
+    max_ulps: int
+    max_abs: float
+
+
+@dataclasses.dataclass
+class CompareReport:
+    rows: list[CompareRow]
+
+    @property
+    def bitwise(self) -> bool:
+        return all(r.bitwise for r in self.rows)
+
+    def __str__(self) -> str:
+        verdict = "BITWISE EQUAL" if self.bitwise else "DIFFERENT"
+        table = format_table(["tensor", "bitwise", "max ulps", "max |diff|"],
+                             [[r.name, "yes" if r.bitwise else "NO", r.max_ulps, f"{r.max_abs:.3g}"] for r in self.rows])
+        return f"nvfp4 compare (eager NVFP4 vs compiled): {verdict}\n{table}"
+
+
+def _flatten(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flatten(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _flatten(o)]
+    return []
+
+
+def _fixed_grad(t: torch.Tensor, index: int) -> torch.Tensor:
+    """A fixed, non-trivial output gradient (not stride-0 ones), same for both runs."""
+    g = torch.Generator().manual_seed(1234 + index)
+    return torch.randn(t.shape, generator=g).to(t.dtype).to(t.device)
+
+
+def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """Floats as integers ordered like the floats, so differences count ulps."""
+    int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    i = t.contiguous().view(int_dtype).to(torch.int64)
+    sign_bit = 1 << (8 * t.element_size() - 1)
+    return torch.where(i < 0, -(i + sign_bit), i)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    if a.numel() == 0:
+        return 0
+    if not a.is_floating_point():
+        return int((a.long() - b.long()).abs().max())
+    return int((_ordered_bits(a) - _ordered_bits(b)).abs().max())
+
+
+def _run(fn, args, kwargs, backend, seed, grad_inputs):
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    outs = _flatten(torch.compile(fn, backend=backend)(*args, **kwargs))
+    diff = [o for o in outs if o.requires_grad]
+    grads = []
+    if diff and grad_inputs:
+        grads = torch.autograd.grad(diff, [t for _, t in grad_inputs],
+                                    [_fixed_grad(o, i) for i, o in enumerate(diff)], allow_unused=True)
+    return [o.detach() for o in outs], list(grads)
+
+
+def eager_semantics_backend(options: BackendOptions):
+    """Runs the Dynamo graph without Inductor, each recognised site replaced by the eager
+    NVFP4 chain (``nvfp4_inductor.grouped_mlp``): the semantics compiled runs must match."""
+    from .nn import grouped_mlp
+
+    def site_call(site_options: BackendOptions):
+        def nvfp4_eager_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
+            return grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
+                               tanh_clamp_scale=tanh_clamp_scale, recipe=site_options.recipe)
+
+        return nvfp4_eager_grouped_mlp
+
+    def eager_nvfp4(gm, example_inputs, **kw):
+        backend_mod.rewrite_graph(gm, options, site_call=site_call)
+        return gm.forward
+
+    return eager_nvfp4
+
+
+def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, seed: int = 0,
+            **kwargs) -> CompareReport:
+    """Run `fn` eagerly with NVFP4 semantics and compiled with the nvfp4 backend, forward
+    and backward (fixed output gradients, same seed), and compare every output and every
+    gradient (inputs that require grad, and parameters when `fn` is a module) bit for bit."""
+    options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
+    grad_inputs = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if isinstance(fn, torch.nn.Module):
+        grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
+    eager = _run(fn, args, kwargs, eager_semantics_backend(options), seed, grad_inputs)
+    compiled = _run(fn, args, kwargs, backend_mod.backend(recipe=options.recipe, recompute=recompute), seed,
+                    grad_inputs)
+    torch._dynamo.reset()
+    rows = []
+    names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
+    for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1]):
+        if a is None or b is None:
+            rows.append(CompareRow(name, a is None and b is None, 0, 0.0))
+            continue
+        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(-1).view(torch.uint8) if a.is_floating_point() and a.numel() else a, b.view(-1).view(torch.uint8) if b.is_floating_point() and b.numel() else b)
+        max_abs = float((a.double() - b.double()).abs().max()) if a.numel() and a.shape == b.shape else 0.0
+        rows.append(CompareRow(name, same, ulp_distance(a, b) if a.shape == b.shape else -1, max_abs))
+    return CompareReport(rows)
