@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .match_bmm import find_bmm
 from .match_expert_loop import find_expert_loop
@@ -53,7 +54,12 @@ def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> 
     """Replace every site by ``make_call(...)``; recompiles ``gm``."""
     if not sites:
         return
-    fake_mode = detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
+    # The example values' own mode: inside a backend, TracingContext (which
+    # detect_fake_mode consults first) holds a different mode than Dynamo's example values.
+    fake_mode = next(
+        (v.fake_mode for v in map(val, gm.graph.nodes) if isinstance(v, FakeTensor)),
+        None,
+    ) or detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
     for site in sites:
         _Inserter(gm.graph, fake_mode, site.output).replace(site, make_call)
     gm.graph.lint()
