@@ -1,0 +1,32 @@
+"""Triton kernels for NVFP4 quantization (SPEC 1-4), bit-exact twins of numerics.py.
+
+    quantize, group_quantize, quantize_weights, group_hadamard_amax   (see api.py)
+    available(device) -> bool
+
+Ops registered (torch.library, namespace ``nvfp4_kernels``): ``group_amax``, ``group_cast``
+(``_registry.py`` says how: ``triton_op`` on CUDA, an opaque ``custom_op`` running the
+interpreted kernel under TRITON_INTERPRET=1). Importing this package without Triton
+works; the functions then raise NotImplementedError and ``available`` is False.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # CPU-only installs without Triton
+    triton = None
+
+if triton is None:
+    _MISSING = "nvfp4_inductor.kernels needs Triton (pip install triton; on CPU also set TRITON_INTERPRET=1)"
+
+    def available(device) -> bool:
+        return False
+
+    def _missing(*args, **kwargs):
+        raise NotImplementedError(_MISSING)
+
+    quantize = group_quantize = quantize_weights = group_hadamard_amax = _missing
+else:
+    from .api import available, group_hadamard_amax, group_quantize, quantize, quantize_weights
+
+__all__ = ["available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights"]

@@ -1,0 +1,292 @@
+"""Triton device functions shared by the quantize kernels: the SPEC 2 scale chain, the
+E4M3 / E2M1 encoders, the pinned-order RHT and Philox random bytes.
+
+Every function repeats the fp32 operations of ``nvfp4_inductor/formats.py`` and
+``numerics.py`` one for one, with integer bit operations instead of float casts, so
+the interpreter (numpy) and the GPU give the same bits:
+
+* no ``.to(tl.float8e4nv)`` (the interpreter rounds ties away and does not saturate),
+  no ``.to(tl.bfloat16)`` (rounded here with integer RNE instead, same result);
+* every division is ``tl.math.div_rn`` (IEEE round-to-nearest; a plain ``/`` may lower
+  to an approximate division on the GPU);
+* the only multiply-add pair that the compiler may contract to an FMA is
+  ``a * 512 + 2**23`` in the E4M3 encoder, where ``a * 512`` is exact, so the FMA
+  rounds the same sum.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..constants import E4M3_MAX, FLT_MAX, FP4_E4M3_MAX, INV_FP4_MAX, PHILOX_ROUNDS, RHT_SCALE
+
+_FLT_MAX: tl.constexpr = tl.constexpr(FLT_MAX)
+_FP4_E4M3_MAX: tl.constexpr = tl.constexpr(FP4_E4M3_MAX)  # 2688
+_INV_FP4_MAX: tl.constexpr = tl.constexpr(INV_FP4_MAX)  # fp32(1/6): multiplied, never divided
+_E4M3_MAX: tl.constexpr = tl.constexpr(E4M3_MAX)
+_RHT_SCALE: tl.constexpr = tl.constexpr(RHT_SCALE)
+_PHILOX_ROUNDS: tl.constexpr = tl.constexpr(PHILOX_ROUNDS)
+
+
+@triton.jit
+def bf16_round(x):
+    """fp32 -> fp32 holding bf16(x), round to nearest even (finite x), by integer ops."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def global_scales(amax):
+    """(S_enc, S_dec) of an fp32 amax: S_enc = min(2688 / A, FLT_MAX), 1 where A == 0;
+    S_dec = 1 / S_enc (SPEC 2.1).
+
+    2688 / A is computed as numerics.py computes it: there `2688.0 / amax` is a Python
+    scalar over a tensor, which torch evaluates as ``amax.reciprocal() * 2688`` -- two
+    fp32 roundings, not one true division (e.g. A = 4.09375 gives 656.6107177734375,
+    the correctly rounded quotient is 656.6106567382812). Bit-exactness with the
+    reference wins; the reciprocal itself is correctly rounded on CPU and CUDA."""
+    one = tl.zeros_like(amax) + 1.0
+    s_enc = tl.minimum(tl.math.div_rn(one, amax) * _FP4_E4M3_MAX, _FLT_MAX)
+    s_enc = tl.where(amax == 0.0, 1.0, s_enc)
+    s_dec = tl.math.div_rn(tl.zeros_like(s_enc) + 1.0, s_enc)
+    return s_enc, s_dec
+
+
+@triton.jit
+def e4m3_encode_nonneg(s):
+    """fp32 s >= 0 -> E4M3 code (int32): RNE, saturate at 448, subnormals kept
+    (formats.e4m3_encode; block scales are never negative)."""
+    a = tl.minimum(s, _E4M3_MAX)  # saturate first: 448 < s < 464 must not round to NaN
+    ab = a.to(tl.int32, bitcast=True)
+    lsb = (ab >> 20) & 1
+    # RNE on the 20 dropped mantissa bits; a carry moves into the exponent; rebias 127 -> 7
+    normal = ((ab + 0x7FFFF + lsb) >> 20) - ((127 - 7) << 3)
+    # subnormals: a * 512 is exact, the 2**23 add rounds it to an integer, ties to even
+    subnormal = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    return tl.where(a < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def e4m3_decode(code):
+    """E4M3 code (int32, 0..0x7E) -> its fp32 value (exact)."""
+    exponent = code >> 3
+    mantissa = code & 7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    subnormal = mantissa.to(tl.float32) * 0.001953125  # mantissa * 2**-9, exact
+    return tl.where(exponent == 0, subnormal, normal)
+
+
+@triton.jit
+def block_scale(block_amax, s_enc, s_dec):
+    """E4M3 scale code (int32) and fp32 encode multiplier of blocks (SPEC 2.2-2.3):
+    s = e4m3(min(block_amax * (S_enc * fp32(1/6)), FLT_MAX));
+    enc = min(1 / (float(s) * S_dec), FLT_MAX) -- divide by the product, not S_enc / s."""
+    s = tl.minimum(block_amax * (s_enc * _INV_FP4_MAX), _FLT_MAX)
+    code = e4m3_encode_nonneg(s)
+    enc = tl.minimum(tl.math.div_rn(tl.zeros_like(s) + 1.0, e4m3_decode(code) * s_dec), _FLT_MAX)
+    return code, enc
+
+
+@triton.jit
+def scale_values(x, enc):
+    """v = clamp(x * enc, -6, 6) (fp32)."""
+    return tl.minimum(tl.maximum(x * enc, -6.0), 6.0)
+
+
+@triton.jit
+def e2m1_rne(v):
+    """fp32 v in [-6, 6] -> E2M1 code (int32), RNE on the grid (formats.e2m1_encode):
+    `>` below an even code, `>=` above one; strictly negative v gets the sign bit."""
+    a = tl.abs(v)
+    code = (
+        (a > 0.25).to(tl.int32)
+        + (a >= 0.75).to(tl.int32)
+        + (a > 1.25).to(tl.int32)
+        + (a >= 1.75).to(tl.int32)
+        + (a > 2.5).to(tl.int32)
+        + (a >= 3.5).to(tl.int32)
+        + (a > 5.0).to(tl.int32)
+    )
+    return code | tl.where(v < 0.0, 8, 0)
+
+
+@triton.jit
+def e2m1_stochastic(v, rbyte):
+    """fp32 v in [-6, 6], random byte (int32 0..255) -> E2M1 code (int32)
+    (numerics.e2m1_round_stochastic): up iff (|v| - lo) * 256 / (hi - lo) > r + 0.5."""
+    a = tl.abs(v)
+    lo_code = (
+        (a >= 0.5).to(tl.int32)
+        + (a >= 1.0).to(tl.int32)
+        + (a >= 1.5).to(tl.int32)
+        + (a >= 2.0).to(tl.int32)
+        + (a >= 3.0).to(tl.int32)
+        + (a >= 4.0).to(tl.int32)
+        + (a >= 6.0).to(tl.int32)
+    )
+    lo = tl.where(
+        a >= 2.0,
+        tl.where(a >= 6.0, 6.0, tl.where(a >= 4.0, 4.0, tl.where(a >= 3.0, 3.0, 2.0))),
+        tl.where(a >= 1.5, 1.5, tl.where(a >= 1.0, 1.0, tl.where(a >= 0.5, 0.5, 0.0))),
+    )
+    # 256 / (hi - lo): steps of 0.5 below 2, 1 below 4, 2 below 6; 0 at 6 (a - lo is 0 there)
+    factor = tl.where(a >= 6.0, 0.0, tl.where(a >= 4.0, 128.0, tl.where(a >= 2.0, 256.0, 512.0)))
+    up = (a - lo) * factor > rbyte.to(tl.float32) + 0.5  # both sides exact in fp32
+    return (lo_code + up.to(tl.int32)) | tl.where(v < 0.0, 8, 0)
+
+
+@triton.jit
+def philox_words(seed, block_index, stream: tl.constexpr):
+    """The 4 Philox4x32-10 words of counter (block_index, stream, 0, 0), key = seed
+    (int64 scalar): the random bytes of one 16-element block, element j = byte j % 4 of
+    word j // 4 (numerics.sr_random_bytes)."""
+    c0 = block_index.to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    return tl.philox(seed, c0, zero + stream, zero, zero, _PHILOX_ROUNDS)
+
+
+@triton.jit
+def random_byte(w0, w1, w2, w3, j: tl.constexpr):
+    """Byte j (0..15) of a block's 4 Philox words, as int32."""
+    if j // 4 == 0:
+        w = w0
+    elif j // 4 == 1:
+        w = w1
+    elif j // 4 == 2:
+        w = w2
+    else:
+        w = w3
+    return ((w >> (8 * (j % 4))) & 0xFF).to(tl.int32)
+
+
+@triton.jit
+def random_bytes_along_last(w0, w1, w2, w3):
+    """(..., N) words of N blocks -> (..., N, 16) int32 bytes, element j of each block
+    taking byte j % 4 of word j // 4."""
+    j = tl.arange(0, 16)
+    word = j // 4
+    shift = ((j % 4) * 8).to(tl.uint32)
+    w = tl.where(
+        word < 2,
+        tl.where(word == 0, w0[:, :, None], w1[:, :, None]),
+        tl.where(word == 2, w2[:, :, None], w3[:, :, None]),
+    )
+    return ((w >> shift) & 0xFF).to(tl.int32)
+
+
+@triton.jit
+def butterfly(a, b):
+    """One FWHT butterfly: (a, b) -> (a + b, a - b) in fp32."""
+    return a + b, a - b
+
+
+@triton.jit
+def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK: tl.constexpr):
+    """RHT of 16 fp32 tensors (the 16 tokens of runs): bf16(0.25 * FWHT(s * x)) held in
+    fp32, butterflies of strides 1, 2, 4, 8 in this order (numerics.rht16)."""
+    # signs: bit i of SIGN_MASK set -> x_i * -1.0 (exact, as numerics multiplies by -1.0)
+    if (SIGN_MASK >> 0) & 1:
+        x0 = x0 * -1.0
+    if (SIGN_MASK >> 1) & 1:
+        x1 = x1 * -1.0
+    if (SIGN_MASK >> 2) & 1:
+        x2 = x2 * -1.0
+    if (SIGN_MASK >> 3) & 1:
+        x3 = x3 * -1.0
+    if (SIGN_MASK >> 4) & 1:
+        x4 = x4 * -1.0
+    if (SIGN_MASK >> 5) & 1:
+        x5 = x5 * -1.0
+    if (SIGN_MASK >> 6) & 1:
+        x6 = x6 * -1.0
+    if (SIGN_MASK >> 7) & 1:
+        x7 = x7 * -1.0
+    if (SIGN_MASK >> 8) & 1:
+        x8 = x8 * -1.0
+    if (SIGN_MASK >> 9) & 1:
+        x9 = x9 * -1.0
+    if (SIGN_MASK >> 10) & 1:
+        x10 = x10 * -1.0
+    if (SIGN_MASK >> 11) & 1:
+        x11 = x11 * -1.0
+    if (SIGN_MASK >> 12) & 1:
+        x12 = x12 * -1.0
+    if (SIGN_MASK >> 13) & 1:
+        x13 = x13 * -1.0
+    if (SIGN_MASK >> 14) & 1:
+        x14 = x14 * -1.0
+    if (SIGN_MASK >> 15) & 1:
+        x15 = x15 * -1.0
+    # stride 1: pairs (i, i + 1)
+    x0, x1 = butterfly(x0, x1)
+    x2, x3 = butterfly(x2, x3)
+    x4, x5 = butterfly(x4, x5)
+    x6, x7 = butterfly(x6, x7)
+    x8, x9 = butterfly(x8, x9)
+    x10, x11 = butterfly(x10, x11)
+    x12, x13 = butterfly(x12, x13)
+    x14, x15 = butterfly(x14, x15)
+    # stride 2
+    x0, x2 = butterfly(x0, x2)
+    x1, x3 = butterfly(x1, x3)
+    x4, x6 = butterfly(x4, x6)
+    x5, x7 = butterfly(x5, x7)
+    x8, x10 = butterfly(x8, x10)
+    x9, x11 = butterfly(x9, x11)
+    x12, x14 = butterfly(x12, x14)
+    x13, x15 = butterfly(x13, x15)
+    # stride 4
+    x0, x4 = butterfly(x0, x4)
+    x1, x5 = butterfly(x1, x5)
+    x2, x6 = butterfly(x2, x6)
+    x3, x7 = butterfly(x3, x7)
+    x8, x12 = butterfly(x8, x12)
+    x9, x13 = butterfly(x9, x13)
+    x10, x14 = butterfly(x10, x14)
+    x11, x15 = butterfly(x11, x15)
+    # stride 8
+    x0, x8 = butterfly(x0, x8)
+    x1, x9 = butterfly(x1, x9)
+    x2, x10 = butterfly(x2, x10)
+    x3, x11 = butterfly(x3, x11)
+    x4, x12 = butterfly(x4, x12)
+    x5, x13 = butterfly(x5, x13)
+    x6, x14 = butterfly(x6, x14)
+    x7, x15 = butterfly(x7, x15)
+    # times 0.25 (exact), then one rounding to bf16
+    return (
+        bf16_round(x0 * _RHT_SCALE), bf16_round(x1 * _RHT_SCALE), bf16_round(x2 * _RHT_SCALE),
+        bf16_round(x3 * _RHT_SCALE), bf16_round(x4 * _RHT_SCALE), bf16_round(x5 * _RHT_SCALE),
+        bf16_round(x6 * _RHT_SCALE), bf16_round(x7 * _RHT_SCALE), bf16_round(x8 * _RHT_SCALE),
+        bf16_round(x9 * _RHT_SCALE), bf16_round(x10 * _RHT_SCALE), bf16_round(x11 * _RHT_SCALE),
+        bf16_round(x12 * _RHT_SCALE), bf16_round(x13 * _RHT_SCALE), bf16_round(x14 * _RHT_SCALE),
+        bf16_round(x15 * _RHT_SCALE),
+    )
+
+
+@triton.jit
+def group_of_runs(pad_off_ptr, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Per run of 16 padded rows starting at r0: (group index g clamped to a valid index,
+    run inside a group?, first padded row of the run, padded start of its group).
+    Runs never straddle groups: padded offsets are multiples of 16."""
+    rs = r0 + tl.arange(0, R).to(tl.int64) * 16
+    gi = tl.arange(0, BLOCK_G)
+    pad_end = tl.load(pad_off_ptr + 1 + gi, mask=gi < G, other=2**62)
+    g = tl.sum((pad_end[None, :] <= rs[:, None]).to(tl.int32), axis=1)
+    in_group = (g < G) & (rs < rows_total)
+    g = tl.where(g < G, g, 0)
+    poff = tl.load(pad_off_ptr + g, mask=in_group, other=0)
+    return g, in_group, rs, poff
+
+
+@triton.jit
+def load_token(x_ptr, start, local0, size, in_group, j: tl.constexpr, K, ks, k_ok):
+    """Token j of each run: (values as fp32 (R, BK), source row (R,), row valid (R,));
+    rows past a group's end read as zeros."""
+    local = local0 + j
+    ok = in_group & (local < size)
+    src = start + local
+    x = tl.load(x_ptr + src[:, None] * K + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+    return x.to(tl.float32), src, ok

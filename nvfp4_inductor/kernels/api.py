@@ -1,0 +1,191 @@
+"""Public entry points of the Triton quantize kernels: twins of the numerics.py references
+(STYLE rule 6) with the same arguments and return types, bit for bit the same results.
+
+    quantize(x, ...)                     <-> numerics.quantize_torch            NVFP4Tensor
+    group_quantize(x, group_sizes, ...)  <-> numerics.group_quantize_torch      NVFP4GroupedTensor
+    quantize_weights(w, block_2d=True)   <-> numerics.quantize_weights_torch    NVFP4WeightStack
+    group_hadamard_amax(x, sizes, mask)  <-> numerics.group_hadamard_amax_torch (pre, post)
+
+Each call is at most two launches: ``nvfp4_kernels::group_amax`` (only for amaxes not
+supplied) and ``nvfp4_kernels::group_cast``. Nothing reads group sizes on the host.
+Differences from the references, on purpose:
+* ``quantize(..., block_2d=True, columnwise=True, rht=True)`` raises NotImplementedError:
+  SPEC 3 says weights (the 2D-quantized tensors) are never transformed.
+* ``group_quantize`` ignores ``block_2d`` exactly as the reference does (groups of tokens
+  are never 2D-quantized; ``nvfp4_inductor.validate`` rejects it).
+* Group sizes must sum to T (the references assume it too).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..constants import RHT_DEFAULT_SIGN_MASK
+from ..numerics import columnwise_capacity, draw_seed
+from ..tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
+from ._registry import INTERPRET
+from .group_amax import group_amax
+from .group_cast import group_cast
+
+_E4M3 = torch.float8_e4m3fn
+
+
+def available(device) -> bool:
+    """Whether the kernels run on `device`: CUDA tensors on a CUDA machine, CPU tensors
+    when Triton runs in interpreter mode (TRITON_INTERPRET=1 before Triton's import)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    return device.type == "cpu" and INTERPRET
+
+
+def _check_input(x: torch.Tensor, name: str) -> None:
+    if not available(x.device):
+        raise NotImplementedError(
+            f"{name}: the Triton kernels need CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 "
+            f"set before triton is imported; got a tensor on {x.device} (interpreter mode: {INTERPRET})"
+        )
+    if x.dim() != 2 or x.shape[1] % 16:
+        raise ValueError(f"{name}: x must be 2-D (rows, K) with K % 16 == 0, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
+
+
+def _seed_tensor(stochastic_rounding: bool, seed: Optional[int], device) -> Optional[torch.Tensor]:
+    if not stochastic_rounding:
+        return None
+    if seed is None:
+        seed = draw_seed()
+    return torch.full((1,), seed, dtype=torch.int64, device=device)  # a fill: no host-to-device copy
+
+
+def _amaxes(x, sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax):
+    """The (row-wise, column-wise) amaxes the references use, computing only what is missing."""
+    groups = sizes.shape[0]
+    need_pre = (rowwise and rowwise_amax is None) or (
+        columnwise and not rht and columnwise_amax is None and rowwise_amax is None
+    )
+    need_post = columnwise and rht and columnwise_amax is None
+    pre = post = None
+    if need_pre or need_post:
+        pre, post = group_amax(x, sizes, need_pre, need_post, sign_mask, capacity)
+    row = (rowwise_amax.float().reshape(groups) if rowwise_amax is not None else pre) if rowwise else None
+    if not columnwise:
+        col = None
+    elif columnwise_amax is not None:
+        col = columnwise_amax.float().reshape(groups)
+    elif rht:
+        col = post
+    elif rowwise_amax is not None:
+        col = rowwise_amax.float().reshape(groups)
+    else:
+        col = pre
+    return row, col
+
+
+def quantize(
+    x: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    rht: bool = False,
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    rowwise_amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    seed: Optional[int] = None,
+) -> NVFP4Tensor:
+    """Quantize an (M, K) tensor, M and K multiples of 16 (numerics.quantize_torch)."""
+    _check_input(x, "quantize")
+    if x.shape[0] % 16:
+        raise ValueError(f"quantize: M must be a multiple of 16, got shape {tuple(x.shape)}")
+    if block_2d and columnwise and rht:
+        raise NotImplementedError("quantize: block_2d with a column-wise RHT copy (SPEC 3: weights are never transformed)")
+    m = x.shape[0]
+    sizes = torch.full((1,), m, dtype=torch.int64, device=x.device)  # one group of M tokens, no padding
+    row_amax, col_amax = _amaxes(x, sizes, m, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax)
+    row_data, row_scale, col_data, col_scale, _ = group_cast(
+        x, sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device),
+        rowwise, columnwise, rht and columnwise, sign_mask, block_2d, stochastic_rounding, m, False,
+    )
+    out = NVFP4Tensor(None, None, None, None, None, None)
+    if rowwise:
+        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale.view(_E4M3), row_amax.reshape(())
+    if columnwise:
+        out.columnwise_data, out.columnwise_scale = col_data, col_scale.view(_E4M3)
+        out.columnwise_amax = col_amax.reshape(())
+    return out
+
+
+def group_quantize(
+    x: torch.Tensor,
+    group_sizes: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    rht: bool = False,
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    rowwise_amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    seed: Optional[int] = None,
+) -> NVFP4GroupedTensor:
+    """Quantize a (T, K) tensor of G row groups of sizes `group_sizes` (a (G,) int tensor on
+    x's device; any sizes, zero included, summing to T) per group (numerics.group_quantize_torch).
+    Amaxes supplied are fp32 (G,). `block_2d` is ignored, as by the reference."""
+    _check_input(x, "group_quantize")
+    del block_2d
+    tokens = x.shape[0]
+    capacity = columnwise_capacity(tokens, group_sizes.shape[0])
+    row_amax, col_amax = _amaxes(
+        x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
+    )
+    row_data, row_scale, col_data, col_scale, pad_off = group_cast(
+        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device),
+        rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
+    )
+    return NVFP4GroupedTensor(
+        row_data if rowwise else None,
+        row_scale.view(_E4M3) if rowwise else None,
+        row_amax,
+        col_data if columnwise else None,
+        col_scale.view(_E4M3) if columnwise else None,
+        col_amax,
+        pad_off,
+        group_sizes.to(torch.int64),
+    )
+
+
+def quantize_weights(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightStack:
+    """Quantize a (G, N, K) expert weight stack per expert, N and K multiples of 16
+    (numerics.quantize_weights_torch): one amax launch and one cast launch for all experts;
+    row-wise (G, N, K/2), column-wise (G, K, N/2), amax (G,), RNE, no RHT."""
+    if w.dim() != 3 or w.shape[1] % 16 or w.shape[2] % 16:
+        raise ValueError(f"quantize_weights: w must be (G, N, K) with N, K % 16 == 0, got {tuple(w.shape)}")
+    g, n, k = w.shape
+    x = w.reshape(g * n, k)
+    _check_input(x, "quantize_weights")
+    sizes = torch.full((g,), n, dtype=torch.int64, device=w.device)
+    amax, _ = group_amax(x, sizes, True, False, 0, g * n)
+    row_data, row_scale, col_data, col_scale, _ = group_cast(
+        x, sizes, amax, amax, None, True, True, False, 0, block_2d, False, n, True,
+    )
+    return NVFP4WeightStack(
+        row_data.reshape(g, n, k // 2),
+        row_scale.view(_E4M3).reshape(g, n, k // 16),
+        col_data,
+        col_scale.view(_E4M3),
+        amax,
+    )
+
+
+def group_hadamard_amax(x: torch.Tensor, group_sizes: torch.Tensor, sign_mask: int = RHT_DEFAULT_SIGN_MASK):
+    """Per-group (pre-RHT amax, post-RHT amax), fp32 (G,) each, in one pass over x
+    (numerics.group_hadamard_amax_torch)."""
+    _check_input(x, "group_hadamard_amax")
+    capacity = columnwise_capacity(x.shape[0], group_sizes.shape[0])
+    return group_amax(x, group_sizes, True, True, sign_mask, capacity)

@@ -1,0 +1,64 @@
+"""Tile choices of the quantize kernels: a heuristic returning frozen configs that tests
+and benchmarks can pin (STYLE rule 13). No choice here changes any result bit: every
+output element is computed by the same fp32 operations whatever the tiling, and the
+amax reduction is a max (order-free)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._registry import INTERPRET
+
+
+@dataclasses.dataclass(frozen=True)
+class CastConfig:
+    block_m: int  # padded tokens per program, a multiple of 16 (block_m / 16 runs)
+    block_k: int  # columns per program, a power of 2 >= 16
+    num_warps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AmaxConfig:
+    block_m: int  # padded tokens per program, a multiple of 16
+    block_k: int  # columns per loop step
+    k_split: int  # programs along K (each loops over K / k_split columns)
+    num_warps: int
+
+
+_CAST_OVERRIDE: CastConfig | None = None
+_AMAX_OVERRIDE: AmaxConfig | None = None
+
+
+def cast_config(rows: int, cols: int, *, rht: bool) -> CastConfig:
+    if _CAST_OVERRIDE is not None:
+        return _CAST_OVERRIDE
+    if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
+        return CastConfig(block_m=256, block_k=128, num_warps=4)
+    block_k = 64 if cols <= 64 else 128
+    return CastConfig(block_m=128 if rows >= 4096 else 32, block_k=block_k, num_warps=8 if rows >= 4096 else 4)
+
+
+def amax_config(rows: int, cols: int) -> AmaxConfig:
+    if _AMAX_OVERRIDE is not None:
+        return _AMAX_OVERRIDE
+    if INTERPRET:
+        return AmaxConfig(block_m=256, block_k=128, k_split=1, num_warps=4)
+    block_k = 64 if cols <= 64 else 128
+    return AmaxConfig(block_m=64, block_k=block_k, k_split=max(1, min(4, cols // 512)), num_warps=4)
+
+
+class override:
+    """Context manager pinning the configs (benchmarks and tests): ``with override(cast=..)``."""
+
+    def __init__(self, cast: CastConfig | None = None, amax: AmaxConfig | None = None):
+        self.cast, self.amax = cast, amax
+
+    def __enter__(self):
+        global _CAST_OVERRIDE, _AMAX_OVERRIDE
+        self.saved = (_CAST_OVERRIDE, _AMAX_OVERRIDE)
+        _CAST_OVERRIDE, _AMAX_OVERRIDE = self.cast or _CAST_OVERRIDE, self.amax or _AMAX_OVERRIDE
+        return self
+
+    def __exit__(self, *exc):
+        global _CAST_OVERRIDE, _AMAX_OVERRIDE
+        _CAST_OVERRIDE, _AMAX_OVERRIDE = self.saved

@@ -1,0 +1,333 @@
+"""Grouped NVFP4 cast with supplied amaxes: one pass over a (T, K) tensor writes the
+row-wise 1x16 copy and the column-wise copy (RHT'd along tokens or not), each optional.
+
+Kernel ``_group_cast_kernel``; launcher ``group_cast``; op ``nvfp4_kernels::group_cast``.
+
+Tiling. Programs walk the *padded* token axis of the column-wise layout (NVFP4GroupedTensor:
+group g's tokens start at padded row p_g, a multiple of 16, and its last run of 16 is
+zero-padded). A program takes BM padded rows x BK columns: R = BM/16 runs of 16 tokens.
+Token j of every run is one (R, BK) register tile (x0 .. x15), so the RHT along tokens
+is plain elementwise fp32 math on 16 tiles (``_nvfp4.rht16``), in the pinned order.
+Each run belongs to one group (or to the unused tail past p_G, written as zeros), found
+from the padded offsets on the device: no host sync, one launch for all groups.
+
+    padded rows  | r0 ............................. r0+BM |
+    runs         | run 0 (16 rows) | run 1 | ... | run R-1 |
+    token j      |  x_j[run, :] = x[src row of (run, j), k0:k0+BK]
+
+Row-wise: tile x_j is R rows of x: 1x16 blocks along K, stored at the source rows.
+Column-wise: the 16 tiles of a run form one 16-token block per column k; codes of
+tokens 2i, 2i+1 share a byte and the 8 bytes of a run go out as one uint64, so the
+column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity).
+
+Stacked layout (STACKED, used by ``quantize_weights``): the input is a (G*N, K) stack of
+G groups of N rows; the column-wise copy of group g goes to [g, :, :] of (G, K, N/2)
+instead of the shared (K, P/2) matrix.
+
+Philox counters (numerics.sr_random_bytes): row-wise block = src_row * K/16 + k // 16,
+stream 0; column-wise block = k * cap/16 + padded_row // 16, stream 1.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..constants import BLOCK
+from ._nvfp4 import (
+    block_scale,
+    e2m1_rne,
+    e2m1_stochastic,
+    global_scales,
+    group_of_runs,
+    load_token,
+    philox_words,
+    random_byte,
+    random_bytes_along_last,
+    rht16,
+    scale_values,
+)
+from ._registry import kernel_op, launch
+from .config import cast_config
+
+
+@triton.jit
+def _row_block_amax(x, R: tl.constexpr, BK: tl.constexpr):
+    """(R, BK) -> (R, BK/16) max |x| of each 1x16 block."""
+    return tl.max(tl.reshape(tl.abs(x), (R, BK // 16, 16)), axis=2)
+
+
+@triton.jit
+def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row_scale_ptr,
+                   SR: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Quantize R rows (R, BK) in 1x16 blocks of amax `bam` (R, BK/16) and store them."""
+    code_s, enc = block_scale(bam, s_enc[:, None], s_dec[:, None])
+    v = scale_values(tl.reshape(x, (R, BK // 16, 16)), enc[:, :, None])
+    kb = k0 // 16 + tl.arange(0, BK // 16)
+    if SR:
+        w0, w1, w2, w3 = philox_words(seed, src[:, None] * (K // 16) + kb[None, :], 0)
+        codes = e2m1_stochastic(v, random_bytes_along_last(w0, w1, w2, w3))
+    else:
+        codes = e2m1_rne(v)
+    lo, hi = tl.split(tl.reshape(codes, (R, BK // 2, 2)))
+    kh = k0 // 2 + tl.arange(0, BK // 2)
+    tl.store(row_data_ptr + src[:, None] * (K // 2) + kh[None, :], (lo | (hi << 4)).to(tl.uint8),
+             mask=ok[:, None] & (kh < K // 2)[None, :])
+    tl.store(row_scale_ptr + src[:, None] * (K // 16) + kb[None, :], code_s.to(tl.uint8),
+             mask=ok[:, None] & (kb < K // 16)[None, :])
+
+
+@triton.jit
+def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
+    """E2M1 code (int32 (R, BK)) of token j of each run in the column-wise copy."""
+    v = scale_values(y, enc)
+    if SR:
+        return e2m1_stochastic(v, random_byte(w0, w1, w2, w3, j))
+    return e2m1_rne(v)
+
+
+@triton.jit
+def _group_cast_kernel(
+    x_ptr, sizes_ptr, starts_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
+    row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr,
+    K, G, rows_total, cap, col_group_stride,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
+    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    R: tl.constexpr = BM // 16
+    r0 = tl.program_id(0).to(tl.int64) * BM
+    k0 = tl.program_id(1) * BK
+    ks = k0 + tl.arange(0, BK)
+    k_ok = ks < K
+    g, in_group, rs, poff = group_of_runs(pad_off_ptr, r0, rows_total, G, R, BLOCK_G)
+    size = tl.load(sizes_ptr + g, mask=in_group, other=0)
+    start = tl.load(starts_ptr + g, mask=in_group, other=0)
+    local0 = rs - poff
+    seed = 0
+    if SR:
+        seed = tl.load(seed_ptr)
+    x0, src0, ok0 = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
+    x1, src1, ok1 = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
+    x2, src2, ok2 = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
+    x3, src3, ok3 = load_token(x_ptr, start, local0, size, in_group, 3, K, ks, k_ok)
+    x4, src4, ok4 = load_token(x_ptr, start, local0, size, in_group, 4, K, ks, k_ok)
+    x5, src5, ok5 = load_token(x_ptr, start, local0, size, in_group, 5, K, ks, k_ok)
+    x6, src6, ok6 = load_token(x_ptr, start, local0, size, in_group, 6, K, ks, k_ok)
+    x7, src7, ok7 = load_token(x_ptr, start, local0, size, in_group, 7, K, ks, k_ok)
+    x8, src8, ok8 = load_token(x_ptr, start, local0, size, in_group, 8, K, ks, k_ok)
+    x9, src9, ok9 = load_token(x_ptr, start, local0, size, in_group, 9, K, ks, k_ok)
+    x10, src10, ok10 = load_token(x_ptr, start, local0, size, in_group, 10, K, ks, k_ok)
+    x11, src11, ok11 = load_token(x_ptr, start, local0, size, in_group, 11, K, ks, k_ok)
+    x12, src12, ok12 = load_token(x_ptr, start, local0, size, in_group, 12, K, ks, k_ok)
+    x13, src13, ok13 = load_token(x_ptr, start, local0, size, in_group, 13, K, ks, k_ok)
+    x14, src14, ok14 = load_token(x_ptr, start, local0, size, in_group, 14, K, ks, k_ok)
+    x15, src15, ok15 = load_token(x_ptr, start, local0, size, in_group, 15, K, ks, k_ok)
+
+    if BLOCK_2D or ROWWISE:
+        bam0 = _row_block_amax(x0, R, BK)
+        bam1 = _row_block_amax(x1, R, BK)
+        bam2 = _row_block_amax(x2, R, BK)
+        bam3 = _row_block_amax(x3, R, BK)
+        bam4 = _row_block_amax(x4, R, BK)
+        bam5 = _row_block_amax(x5, R, BK)
+        bam6 = _row_block_amax(x6, R, BK)
+        bam7 = _row_block_amax(x7, R, BK)
+        bam8 = _row_block_amax(x8, R, BK)
+        bam9 = _row_block_amax(x9, R, BK)
+        bam10 = _row_block_amax(x10, R, BK)
+        bam11 = _row_block_amax(x11, R, BK)
+        bam12 = _row_block_amax(x12, R, BK)
+        bam13 = _row_block_amax(x13, R, BK)
+        bam14 = _row_block_amax(x14, R, BK)
+        bam15 = _row_block_amax(x15, R, BK)
+    if BLOCK_2D:
+        tile = bam0
+        tile = tl.maximum(tile, bam1)
+        tile = tl.maximum(tile, bam2)
+        tile = tl.maximum(tile, bam3)
+        tile = tl.maximum(tile, bam4)
+        tile = tl.maximum(tile, bam5)
+        tile = tl.maximum(tile, bam6)
+        tile = tl.maximum(tile, bam7)
+        tile = tl.maximum(tile, bam8)
+        tile = tl.maximum(tile, bam9)
+        tile = tl.maximum(tile, bam10)
+        tile = tl.maximum(tile, bam11)
+        tile = tl.maximum(tile, bam12)
+        tile = tl.maximum(tile, bam13)
+        tile = tl.maximum(tile, bam14)
+        tile = tl.maximum(tile, bam15)
+    if ROWWISE:
+        row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
+        if BLOCK_2D:
+            _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x3, tile, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x4, tile, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x5, tile, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x6, tile, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x7, tile, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x8, tile, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x9, tile, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x10, tile, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x11, tile, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x12, tile, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x13, tile, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x14, tile, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x15, tile, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+        else:
+            _store_rowwise(x0, bam0, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x1, bam1, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x2, bam2, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x3, bam3, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x4, bam4, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x5, bam5, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x6, bam6, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x7, bam7, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x8, bam8, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x9, bam9, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x10, bam10, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x11, bam11, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x12, bam12, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x13, bam13, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x14, bam14, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+
+    if COLUMNWISE:
+        if RHT:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
+        if BLOCK_2D:  # the 16x16 tile amax, repeated on the 16 columns of each tile
+            cam = tl.reshape(tl.broadcast_to(tile[:, :, None], (R, BK // 16, 16)), (R, BK))
+        else:
+            cam = tl.abs(x0)
+            cam = tl.maximum(cam, tl.abs(x1))
+            cam = tl.maximum(cam, tl.abs(x2))
+            cam = tl.maximum(cam, tl.abs(x3))
+            cam = tl.maximum(cam, tl.abs(x4))
+            cam = tl.maximum(cam, tl.abs(x5))
+            cam = tl.maximum(cam, tl.abs(x6))
+            cam = tl.maximum(cam, tl.abs(x7))
+            cam = tl.maximum(cam, tl.abs(x8))
+            cam = tl.maximum(cam, tl.abs(x9))
+            cam = tl.maximum(cam, tl.abs(x10))
+            cam = tl.maximum(cam, tl.abs(x11))
+            cam = tl.maximum(cam, tl.abs(x12))
+            cam = tl.maximum(cam, tl.abs(x13))
+            cam = tl.maximum(cam, tl.abs(x14))
+            cam = tl.maximum(cam, tl.abs(x15))
+        col_senc, col_sdec = global_scales(tl.load(col_amax_ptr + g, mask=in_group, other=0.0))
+        code_s, enc = block_scale(cam, col_senc[:, None], col_sdec[:, None])
+        if STACKED:  # group g's own (K, N) matrix
+            col_row = local0
+            base = g.to(tl.int64) * col_group_stride
+        else:  # the shared (K, P) matrix, padded rows; the tail past p_G gets zeros
+            col_row = rs
+            base = tl.zeros_like(rs)
+        # one uint64 word (8 bytes, 16 tokens) and one scale byte per (run, column)
+        idx = base[:, None] + ks[None, :] * (cap // 16) + (col_row // 16)[:, None]
+        w0 = idx
+        w1 = idx
+        w2 = idx
+        w3 = idx
+        if SR:
+            w0, w1, w2, w3 = philox_words(seed, ks[None, :] * (cap // 16) + (col_row // 16)[:, None], 1)
+        c0 = _col_code(x0, enc, w0, w1, w2, w3, 0, SR)
+        c1 = _col_code(x1, enc, w0, w1, w2, w3, 1, SR)
+        c2 = _col_code(x2, enc, w0, w1, w2, w3, 2, SR)
+        c3 = _col_code(x3, enc, w0, w1, w2, w3, 3, SR)
+        c4 = _col_code(x4, enc, w0, w1, w2, w3, 4, SR)
+        c5 = _col_code(x5, enc, w0, w1, w2, w3, 5, SR)
+        c6 = _col_code(x6, enc, w0, w1, w2, w3, 6, SR)
+        c7 = _col_code(x7, enc, w0, w1, w2, w3, 7, SR)
+        c8 = _col_code(x8, enc, w0, w1, w2, w3, 8, SR)
+        c9 = _col_code(x9, enc, w0, w1, w2, w3, 9, SR)
+        c10 = _col_code(x10, enc, w0, w1, w2, w3, 10, SR)
+        c11 = _col_code(x11, enc, w0, w1, w2, w3, 11, SR)
+        c12 = _col_code(x12, enc, w0, w1, w2, w3, 12, SR)
+        c13 = _col_code(x13, enc, w0, w1, w2, w3, 13, SR)
+        c14 = _col_code(x14, enc, w0, w1, w2, w3, 14, SR)
+        c15 = _col_code(x15, enc, w0, w1, w2, w3, 15, SR)
+        word = (c0 | (c1 << 4)).to(tl.uint64)
+        word = word | ((c2 | (c3 << 4)).to(tl.uint64) << 8)
+        word = word | ((c4 | (c5 << 4)).to(tl.uint64) << 16)
+        word = word | ((c6 | (c7 << 4)).to(tl.uint64) << 24)
+        word = word | ((c8 | (c9 << 4)).to(tl.uint64) << 32)
+        word = word | ((c10 | (c11 << 4)).to(tl.uint64) << 40)
+        word = word | ((c12 | (c13 << 4)).to(tl.uint64) << 48)
+        word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
+        col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
+        tl.store(col_word_ptr + idx, word.to(tl.int64, bitcast=True), mask=col_ok)
+        tl.store(col_scale_ptr + idx, code_s.to(tl.uint8), mask=col_ok)
+
+
+def group_layout(group_sizes: torch.Tensor):
+    """(sizes int64 (G,), starts int64 (G,), padded offsets int64 (G+1,)) on the device."""
+    sizes = group_sizes.to(torch.int64)
+    ends = torch.cumsum(sizes, 0)
+    padded = (sizes + (BLOCK - 1)) // BLOCK * BLOCK
+    pad_off = torch.cat((sizes.new_zeros(1), torch.cumsum(padded, 0)))
+    return sizes, ends - sizes, pad_off
+
+
+@kernel_op("nvfp4_kernels::group_cast")
+def group_cast(
+    x: torch.Tensor,
+    group_sizes: torch.Tensor,
+    row_amax: Optional[torch.Tensor],
+    col_amax: Optional[torch.Tensor],
+    seed: Optional[torch.Tensor],
+    rowwise: bool,
+    columnwise: bool,
+    rht: bool,
+    sign_mask: int,
+    block_2d: bool,
+    stochastic_rounding: bool,
+    capacity: int,
+    stacked: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,)).
+
+    capacity: column-wise width P (grouped: numerics.columnwise_capacity(T, G); one
+    group of T tokens, T % 16 == 0: T; stacked: N = T / G, the rows of one group).
+    seed: int64 (1,) on x's device (read only with stochastic_rounding).
+    Returns (row data (T, K/2) uint8, row scales (T, K/16) uint8, column-wise data
+    (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) [(G, K, N/16)],
+    padded offsets int64 (G+1,)); a copy not asked for is an empty (0,) uint8 tensor.
+    """
+    x = x.contiguous()
+    tokens, k = x.shape
+    groups = group_sizes.shape[0]
+    sizes, starts, pad_off = group_layout(group_sizes)
+    def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
+        return x.new_empty(*shape if wanted else (0,), dtype=torch.uint8)
+
+    row_data = alloc(rowwise, tokens, k // 2)
+    row_scale = alloc(rowwise, tokens, k // BLOCK)
+    lead = (groups, k) if stacked else (k,)
+    col_data = alloc(columnwise, *lead, capacity // 2)
+    col_scale = alloc(columnwise, *lead, capacity // BLOCK)
+    col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
+    rows_total = tokens if stacked else capacity
+    cfg = cast_config(rows_total, k, rht=columnwise and rht)
+    grid = (triton.cdiv(rows_total, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    if groups == 0 or k == 0 or not (rowwise or columnwise):
+        return row_data, row_scale, col_data, col_scale, pad_off
+    launch(
+        _group_cast_kernel, grid,
+        x_ptr=x, sizes_ptr=sizes, starts_ptr=starts, pad_off_ptr=pad_off,
+        row_amax_ptr=row_amax if rowwise else x, col_amax_ptr=col_amax if columnwise else x,
+        seed_ptr=seed if stochastic_rounding else x,
+        row_data_ptr=row_data if rowwise else x, row_scale_ptr=row_scale if rowwise else x,
+        col_word_ptr=col_words if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
+        K=k, G=groups, rows_total=rows_total, cap=capacity,
+        col_group_stride=k * capacity // BLOCK,
+        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
+        SR=stochastic_rounding, STACKED=stacked, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
+    )
+    return row_data, row_scale, col_data, col_scale, pad_off
