@@ -1,0 +1,10 @@
+import os
+
+# --- nvfp4_inductor.kernels: Triton interpreter on machines without CUDA -----------------
+# Must run before anything imports triton: triton.jit reads the interpret setting when a
+# kernel is decorated, and nvfp4_inductor.kernels picks its op mode when imported.
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+# --- end nvfp4_inductor.kernels -----------------------------------------------------------
