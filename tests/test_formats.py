@@ -14,6 +14,7 @@ imported by test_numerics.py.
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
 from fractions import Fraction
@@ -88,13 +89,18 @@ def _e4m3_positive_codes() -> list[tuple[int, float]]:
 E4M3_CODES = _e4m3_positive_codes()  # sorted by value, code == index
 E4M3_VALUE = {code: value for code, value in E4M3_CODES}
 E4M3_VALUE.update({code | 0x80: -value for code, value in E4M3_CODES})
+_E4M3_SORTED = [value for _, value in E4M3_CODES]  # index == code
 
 
 def e4m3_oracle(x: float) -> int:
     """fp32 -> float8_e4m3fn bits: RNE (ties to the even code), saturate at 448."""
-    a = Fraction(abs(x)) if math.isfinite(x) else Fraction(448)
-    a = min(a, Fraction(448))
-    code = min(range(0x7F), key=lambda c: (abs(a - Fraction(E4M3_VALUE[c])), c & 1))
+    a = min(abs(x), 448.0)  # also maps inf to 448
+    hi = bisect.bisect_left(_E4M3_SORTED, a)  # first value >= a
+    if _E4M3_SORTED[hi] == a:
+        code = hi
+    else:  # exact distances to the neighbours below and above; tie -> even code
+        d_lo, d_hi = Fraction(a) - Fraction(_E4M3_SORTED[hi - 1]), Fraction(_E4M3_SORTED[hi]) - Fraction(a)
+        code = hi - 1 if (d_lo, (hi - 1) & 1) < (d_hi, hi & 1) else hi
     return code | (0x80 if math.copysign(1.0, x) < 0 else 0)
 
 
