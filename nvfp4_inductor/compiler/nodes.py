@@ -51,7 +51,7 @@ ELEMENTWISE_OR_VIEW = {
     torch.sub, operator.sub, torch.clamp, torch.Tensor.clamp, torch.clip, torch.neg,
     operator.neg, torch.exp, torch.erf, F.relu6, F.leaky_relu, F.elu, torch.Tensor.clamp_min,
     torch.Tensor.clamp_max, torch.minimum, torch.maximum, torch.Tensor.__radd__,
-    torch.Tensor.__add__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
+    torch.Tensor.__add__, torch.Tensor.__sub__, torch.Tensor.__rsub__, torch.squeeze, torch.Tensor.squeeze,
 }
 
 
