@@ -179,6 +179,7 @@ class CompareRow:
 @dataclasses.dataclass
 class CompareReport:
     rows: list[CompareRow]
+    surroundings: str
 
     @property
     def bitwise(self) -> bool:
@@ -188,7 +189,8 @@ class CompareReport:
         verdict = "BITWISE EQUAL" if self.bitwise else "DIFFERENT"
         table = format_table(["tensor", "bitwise", "max ulps", "max |diff|"],
                              [[r.name, "yes" if r.bitwise else "NO", r.max_ulps, f"{r.max_abs:.3g}"] for r in self.rows])
-        return f"nvfp4 compare (eager NVFP4 vs compiled): {verdict}\n{table}"
+        return (f"nvfp4 compare (eager NVFP4 chain vs compiled nvfp4; ops outside the expert blocks: "
+                f"{self.surroundings} vs Inductor): {verdict}\n{table}")
 
 
 def _flatten(out) -> list[torch.Tensor]:
@@ -235,9 +237,10 @@ def _run(fn, args, kwargs, backend, seed, grad_inputs):
     return [o.detach() for o in outs], list(grads)
 
 
-def eager_semantics_backend(options: BackendOptions):
-    """Runs the Dynamo graph without Inductor, each recognised site replaced by the eager
-    NVFP4 chain (``nvfp4_inductor.grouped_mlp``): the semantics compiled runs must match."""
+def eager_semantics_backend(options: BackendOptions, surroundings: str):
+    """Each recognised site replaced by the eager NVFP4 chain (``nvfp4_inductor.grouped_mlp``,
+    op by op): the semantics compiled runs must match. The ops around the sites run
+    eagerly (surroundings="eager") or through stock Inductor ("inductor")."""
     from .nn import grouped_mlp
 
     def site_call(site_options: BackendOptions):
@@ -249,21 +252,32 @@ def eager_semantics_backend(options: BackendOptions):
 
     def eager_nvfp4(gm, example_inputs, **kw):
         backend_mod.rewrite_graph(gm, options, site_call=site_call)
-        return gm.forward
+        if surroundings == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
 
     return eager_nvfp4
 
 
 def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, seed: int = 0,
-            **kwargs) -> CompareReport:
+            surroundings: str = "eager", **kwargs) -> CompareReport:
     """Run `fn` eagerly with NVFP4 semantics and compiled with the nvfp4 backend, forward
     and backward (fixed output gradients, same seed), and compare every output and every
-    gradient (inputs that require grad, and parameters when `fn` is a module) bit for bit."""
+    gradient (inputs that require grad, and parameters when `fn` is a module) bit for bit.
+
+    surroundings: how the eager side runs the ops outside the expert blocks. "eager"
+    (default) is plain eager PyTorch; Inductor may round fused bf16 chains there
+    differently from eager (its own behaviour, not this backend's). "inductor" compiles
+    them with stock Inductor on the eager side too, so only the blocks are compared."""
+    if surroundings not in ("eager", "inductor"):
+        raise ValueError(f"surroundings must be 'eager' or 'inductor'; got {surroundings!r}")
     options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
     grad_inputs = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if isinstance(fn, torch.nn.Module):
         grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
-    eager = _run(fn, args, kwargs, eager_semantics_backend(options), seed, grad_inputs)
+    eager = _run(fn, args, kwargs, eager_semantics_backend(options, surroundings), seed, grad_inputs)
     compiled = _run(fn, args, kwargs, backend_mod.backend(recipe=options.recipe, recompute=recompute), seed,
                     grad_inputs)
     torch._dynamo.reset()
@@ -276,4 +290,4 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
         same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(-1).view(torch.uint8) if a.is_floating_point() and a.numel() else a, b.view(-1).view(torch.uint8) if b.is_floating_point() and b.numel() else b)
         max_abs = float((a.double() - b.double()).abs().max()) if a.numel() and a.shape == b.shape else 0.0
         rows.append(CompareRow(name, same, ulp_distance(a, b) if a.shape == b.shape else -1, max_abs))
-    return CompareReport(rows)
+    return CompareReport(rows, surroundings)
