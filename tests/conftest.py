@@ -1,5 +1,8 @@
 import os
 
+# Compiled-path tests must never be answered by a cache filled by older code (PITFALLS.md).
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
 # --- nvfp4_inductor.kernels: Triton interpreter on machines without CUDA -----------------
 # Must run before anything imports triton: triton.jit reads the interpret setting when a
 # kernel is decorated, and nvfp4_inductor.kernels picks its op mode when imported.
