@@ -387,31 +387,30 @@ def test_routing_change_does_not_recompile(case):
 
 
 def test_grouped_mlp_module_contract():
-    """The node contract of nvfp4_inductor.nn.grouped_mlp (one call_function node), built
-    with torch.fx keeping grouped_mlp as a leaf and fake values from FakeTensorProp."""
+    """The node contract of nvfp4_inductor.nn.grouped_mlp: one call_function node with args
+    (x, fc1_weight, fc2_weight, group_sizes, probs) and keyword activation /
+    tanh_clamp_scale / recipe; built by hand, fake values from FakeTensorProp."""
     nv_nn = pytest.importorskip("nvfp4_inductor.nn", reason="nvfp4_inductor/nn.py (grouped_mlp) is missing")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mlp = nv_nn.GroupedMLP(mm.G, mm.H, mm.FF, activation="tanh_srelu", tanh_clamp_scale=mm.TANH_S)
-
-        def forward(self, x, group_sizes, probs):
-            return nv_nn.grouped_mlp(x, self.mlp.fc1_weight, self.mlp.fc2_weight, group_sizes, probs,
-                                     activation="tanh_srelu", tanh_clamp_scale=mm.TANH_S) + x
-
-    tracer = torch.fx.Tracer(autowrap_functions=(nv_nn.grouped_mlp,))
-    gm = torch.fx.GraphModule(Block(), tracer.trace(Block()))
-    x, sizes, probs = mm._x(0, mm.T, mm.H), mm._sizes(0), mm._probs(0, mm.T)
-    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(x, sizes, probs)
+    graph = torch.fx.Graph()
+    x, w1, w2, sizes, probs = (graph.placeholder(n) for n in ("x", "w1", "w2", "sizes", "probs"))
+    y = graph.call_function(nv_nn.grouped_mlp, (x, w1, w2, sizes, probs),
+                            {"activation": "tanh_srelu", "tanh_clamp_scale": mm.TANH_S, "recipe": None})
+    graph.output(graph.call_function(operator.add, (y, x)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inputs = (mm._x(0, mm.T, mm.H), mm._param(mm.G, mm.FF, mm.H).data, mm._param(mm.G, mm.H, mm.FF).data,
+              mm._sizes(0), mm._probs(0, mm.T))
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
     sites, rejections = find_sites(gm)
     assert rejections == []
     assert [(s.spelling, s.activation, s.tanh_clamp_scale, s.probs is not None) for s in sites] == \
         [("grouped_mlp_module", "tanh_srelu", mm.TANH_S, True)]
     rewrite_sites(gm, sites, make_call=reference_make_call)
     assert calls_of(gm, nv_nn.grouped_mlp) == 0 and calls_of(gm, reference_make_call) == 1
+    assert_bf16_close(gm(*inputs), reference_make_call(*inputs, activation="tanh_srelu",
+                                                       tanh_clamp_scale=mm.TANH_S) + inputs[0])
 
 
 def test_grouped_mlp_module_in_dynamo_graph():
