@@ -99,13 +99,13 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """(..., N) codes -> (..., N/2) bytes, the even-index element in the low nibble."""
-    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return pairs[..., 0] | (pairs[..., 1] << 4)
 
 
 def unpack_fp4(data: torch.Tensor) -> torch.Tensor:
     """(..., N/2) bytes -> (..., N) codes; inverse of ``pack_fp4``."""
-    return torch.stack((data & 0xF, data >> 4), dim=-1).reshape(*data.shape[:-1], -1)
+    return torch.stack((data & 0xF, data >> 4), dim=-1).reshape(*data.shape[:-1], 2 * data.shape[-1])
 
 
 def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:

@@ -217,6 +217,11 @@ def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
     return torch.where(i < 0, -(i + sign_bit), i)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of t (so -0.0 != 0.0 and NaNs compare by payload)."""
+    return t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else t
+
+
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     if a.numel() == 0:
         return 0
@@ -262,7 +267,7 @@ def eager_semantics_backend(options: BackendOptions, surroundings: str):
 
 
 def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, seed: int = 0,
-            surroundings: str = "eager", **kwargs) -> CompareReport:
+            surroundings: str = "eager", compiler: str = "inductor", **kwargs) -> CompareReport:
     """Run `fn` eagerly with NVFP4 semantics and compiled with the nvfp4 backend, forward
     and backward (fixed output gradients, same seed), and compare every output and every
     gradient (inputs that require grad, and parameters when `fn` is a module) bit for bit.
@@ -278,8 +283,8 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     if isinstance(fn, torch.nn.Module):
         grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
     eager = _run(fn, args, kwargs, eager_semantics_backend(options, surroundings), seed, grad_inputs)
-    compiled = _run(fn, args, kwargs, backend_mod.backend(recipe=options.recipe, recompute=recompute), seed,
-                    grad_inputs)
+    compiled = _run(fn, args, kwargs, backend_mod.backend(recipe=options.recipe, recompute=recompute,
+                                                          compiler=compiler), seed, grad_inputs)
     torch._dynamo.reset()
     rows = []
     names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
@@ -287,7 +292,7 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
         if a is None or b is None:
             rows.append(CompareRow(name, a is None and b is None, 0, 0.0))
             continue
-        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(-1).view(torch.uint8) if a.is_floating_point() and a.numel() else a, b.view(-1).view(torch.uint8) if b.is_floating_point() and b.numel() else b)
+        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
         max_abs = float((a.double() - b.double()).abs().max()) if a.numel() and a.shape == b.shape else 0.0
         rows.append(CompareRow(name, same, ulp_distance(a, b) if a.shape == b.shape else -1, max_abs))
     return CompareReport(rows, surroundings)

@@ -73,7 +73,9 @@ _U32 = 0xFFFFFFFF
 def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     """S_enc = min(2688 / A, FLT_MAX), or 1 where A == 0 (fp32, same shape as amax)."""
     amax = amax.float()
-    s_enc = torch.clamp(FP4_E4M3_MAX / amax, max=FLT_MAX)
+    # tensor / tensor: one IEEE division. (A Python number over a tensor is computed as
+    # reciprocal(A) * 2688, rounded twice.)
+    s_enc = torch.clamp(torch.full_like(amax, FP4_E4M3_MAX) / amax, max=FLT_MAX)
     return torch.where(amax == 0, torch.ones_like(s_enc), s_enc)
 
 
@@ -188,7 +190,7 @@ def rht16(v: torch.Tensor, sign_mask: int) -> torch.Tensor:
     """RHT of each run of 16 along the last dim: bf16(0.25 * FWHT(s * v)), fp32 sums in the
     butterfly order of the module docstring. v: (..., 16n) any float dtype; returns bf16."""
     shape = v.shape
-    y = v.float().reshape(-1, shape[-1] // BLOCK, BLOCK) * rht_signs(sign_mask, v.device)
+    y = v.float().reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK) * rht_signs(sign_mask, v.device)
     for stride in (1, 2, 4, 8):
         pairs = y.reshape(*y.shape[:-1], BLOCK // (2 * stride), 2, stride)
         a, b = pairs[..., 0, :], pairs[..., 1, :]
@@ -402,7 +404,8 @@ def quantize_weights_torch(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4We
 def gemm_alpha(a_amax: torch.Tensor, b_amax: torch.Tensor) -> torch.Tensor:
     """Per-group alpha = A_a * A_b / 2688**2 (fp32): the global scales of both operands,
     applied to the fp32 accumulator of the deq() products."""
-    return (a_amax.float() * b_amax.float()) / GEMM_ALPHA_DIVISOR
+    product = a_amax.float() * b_amax.float()
+    return product / torch.full_like(product, GEMM_ALPHA_DIVISOR)  # one IEEE division on every device
 
 
 def grouped_gemm_torch(

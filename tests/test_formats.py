@@ -229,20 +229,13 @@ def test_pack_unpack_roundtrip_random_codes():
     assert_bytes_equal(formats.unpack_fp4(packed), codes, "unpack_fp4(pack_fp4(codes))")
 
 
-ZERO_SIZE_BUG = (
-    "pack_fp4 / unpack_fp4 reshape with -1 (`reshape(*shape[:-1], -1, 2)`), which torch rejects "
-    "for a tensor with 0 elements; validation admits M = 0 (a multiple of 16), so quantizing an "
-    "empty (0, K) tensor raises RuntimeError"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=ZERO_SIZE_BUG)
 def test_pack_zero_rows():
     codes = torch.zeros(0, 32, dtype=torch.uint8)
     assert formats.pack_fp4(codes).shape == (0, 16)
 
 
-@pytest.mark.xfail(strict=True, reason=ZERO_SIZE_BUG)
 def test_unpack_zero_rows():
     assert formats.unpack_fp4(torch.zeros(0, 16, dtype=torch.uint8)).shape == (0, 32)
 

@@ -266,15 +266,9 @@ def test_underflow_trap_codes_6():
     assert (deq == 0).all(), deq
 
 
-S_ENC_BUG = (
-    "numerics.global_encode_scale computes `FP4_E4M3_MAX / amax` (Python float / tensor), which "
-    "torch evaluates as amax.reciprocal() * 2688: two fp32 roundings, not SPEC 2.1's fp32 2688 / A "
-    "(e.g. A = 40: 67.20000457763672 instead of 67.19999694824219)"
-)
 S_ENC_AMAXES = [40.0, 3.0, 7.0, 0.1, 1 / 3, 12345.678, 1e-30, 3e38] + [f32(1.0 + i / 97) for i in range(97)]
 
 
-@pytest.mark.xfail(strict=True, reason=S_ENC_BUG)
 def test_global_encode_scale_true_division():
     """SPEC 2.1: S_enc = fp32(2688 / A), one correctly rounded fp32 division."""
     amax = torch.tensor([f32(a) for a in S_ENC_AMAXES], dtype=torch.float32)
@@ -288,7 +282,6 @@ def test_global_encode_scale_zero_and_overflow():
     assert_bytes_equal(got, expected, "S_enc: A == 0 -> 1, overflow -> FLT_MAX, exact quotients")
 
 
-@pytest.mark.xfail(strict=True, reason=S_ENC_BUG)
 def test_scale_tie_under_amax_40():
     """Minimal consequence of the S_enc bug: A = 40, block amax 1.875. SPEC 2: S_enc =
     fp32(2688/40) = 67.19999695, m = fp32(S_enc * fp32(1/6)) = 11.2 (fp32), s = 1.875 * m =
@@ -1029,18 +1022,12 @@ def test_roundtrip_error_bound(seed):
     assert rel < 0.12, f"seed {seed}: relative Frobenius error {rel:.4f}"
 
 
-RHT_ZERO_SIZE_BUG = (
-    "rht16 reshapes with -1 (`reshape(-1, shape[-1] // 16, 16)`), which torch rejects for a "
-    "tensor with 0 elements: the column-wise RHT copy of an empty (0, K) tensor raises"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=RHT_ZERO_SIZE_BUG)
 def test_rht16_zero_tokens():
     assert numerics.rht16(torch.zeros(32, 0, dtype=torch.bfloat16), SPEC_MASK).shape == (32, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="pack_fp4 rejects 0 rows (test_formats.ZERO_SIZE_BUG) and " + RHT_ZERO_SIZE_BUG)
 def test_quantize_zero_tokens():
     q = numerics.quantize_torch(torch.zeros(0, 32, dtype=torch.bfloat16), columnwise=True, rht=True)
     assert q.rowwise_data.shape == (0, 16) and q.rowwise_scale.shape == (0, 2)
@@ -1048,7 +1035,6 @@ def test_quantize_zero_tokens():
     assert_bytes_equal(q.rowwise_amax, fp32_scalar(0.0), "amax of an empty tensor")
 
 
-@pytest.mark.xfail(strict=True, reason="pack_fp4 rejects 0 rows (see test_formats.ZERO_SIZE_BUG)")
 def test_group_quantize_zero_tokens():
     """A micro-batch that routes no tokens: every group empty, amaxes 0, offsets 0."""
     q = numerics.group_quantize_torch(torch.zeros(0, 32, dtype=torch.bfloat16), torch.tensor([0, 0]), columnwise=True, rht=True)

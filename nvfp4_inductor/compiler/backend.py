@@ -116,6 +116,10 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
     rewrite_graph(gm, options)
+    if options.compiler == "aot_eager":
+        from torch._dynamo.backends.debugging import aot_eager_default_partitioner
+
+        return aot_eager_default_partitioner(gm, example_inputs)
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -129,12 +133,13 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
     return compile_graph(gm, example_inputs, BackendOptions.parse(options), mode=mode)
 
 
-def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True):
-    """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``."""
-    configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
+def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor"):
+    """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
+    Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them."""
+    configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
-        given = {"recipe": configured.recipe, "recompute": configured.recompute, **(options or {})}
+        given = {**dataclasses.asdict(configured), "recipe": configured.recipe, **(options or {})}
         return compile_graph(gm, example_inputs, BackendOptions.parse(given), mode=mode)
 
     return nvfp4_configured

@@ -13,10 +13,14 @@ class BackendOptions:
     """recipe: how every tensor is quantized (``Recipe``).
     recompute: the backward regenerates the fc2 input from the saved pre-activation and
         casts it with the forward's saved amax (SPEC 6); False saves its column-wise copy.
-        Bitwise-identical results either way."""
+        Bitwise-identical results either way.
+    compiler: what compiles the rewritten graph. "inductor" (default) is the product;
+        "aot_eager" runs the same rewrite, AOTAutograd and min-cut partition without
+        Inductor's code generation: a bisecting aid, and fast to compile on CPU."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
+    compiler: str = "inductor"
 
     @classmethod
     def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
@@ -31,4 +35,7 @@ class BackendOptions:
         recompute = options.get("recompute", True)
         if not isinstance(recompute, bool):
             raise ValueError(f"option 'recompute' must be a bool; got {recompute!r}")
-        return cls(recipe=recipe, recompute=recompute)
+        compiler = options.get("compiler", "inductor")
+        if compiler not in ("inductor", "aot_eager"):
+            raise ValueError(f"option 'compiler' must be 'inductor' or 'aot_eager'; got {compiler!r}")
+        return cls(recipe=recipe, recompute=recompute, compiler=compiler)
