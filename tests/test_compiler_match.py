@@ -422,3 +422,19 @@ def test_grouped_mlp_module_in_dynamo_graph():
                     "call_function node (its allow_in_graph contract is not in nvfp4_inductor/nn.py yet)")
     sites = [s for c in graphs for s in find_sites(c.gm)[0]]
     assert [(s.spelling, s.activation) for s in sites] == [("grouped_mlp_module", "srelu")]
+
+
+def test_expert_loop_split_sizes_become_symbolic():
+    """Python-list sizes: constants first, SymInt inputs after a recompile (automatic
+    dynamic shapes); the rewrite builds group sizes from them with torch.tensor."""
+    torch.manual_seed(0)
+    model = mm.ExpertLoop("swiglu_chunk", "out", "modulelist")
+    records = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=rewriting_backend(records), fullgraph=True)
+    for seed in range(3):
+        args = model.inputs(seed)
+        assert_bf16_close(compiled(*args), model(*args))
+    kinds = [sites[0].group_sizes.kind for sites, _ in records]
+    assert kinds[0] == "split" and all(k == "split" for k in kinds)
+    assert any(isinstance(s, torch.fx.Node) for s in records[-1][0][0].group_sizes.source)

@@ -108,7 +108,8 @@ def describe_region(fc2_input: Node, is_gemm, limit: int = 24) -> str:
     names, stack, seen = [], [fc2_input], set()
     while stack and len(seen) < limit:
         node = stack.pop()
-        if not isinstance(node, Node) or node in seen or is_gemm(node) or node.op != "call_function" and node.op != "call_method":
+        if not isinstance(node, Node) or node in seen or is_gemm(node) or \
+                node.op not in ("call_function", "call_method"):
             continue
         seen.add(node)
         if op_of(node) not in ELEMENTWISE_OR_VIEW:

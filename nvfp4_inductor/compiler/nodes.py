@@ -18,7 +18,7 @@ Node = torch.fx.Node
 # Canonical callables, each with every spelling Dynamo emits for it.
 _ALIASES = {
     torch.relu: (F.relu, torch.relu, torch.Tensor.relu),
-    F.silu: (F.silu, torch.Tensor.silu if hasattr(torch.Tensor, "silu") else F.silu),
+    F.silu: (F.silu,),
     torch.tanh: (torch.tanh, torch.Tensor.tanh),
     torch.square: (torch.square, torch.Tensor.square),
     torch.pow: (torch.pow, operator.pow, torch.Tensor.pow, torch.Tensor.__pow__),
