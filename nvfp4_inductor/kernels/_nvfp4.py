@@ -40,17 +40,13 @@ def bf16_round(x):
 @triton.jit
 def global_scales(amax):
     """(S_enc, S_dec) of an fp32 amax: S_enc = min(2688 / A, FLT_MAX), 1 where A == 0;
-    S_dec = 1 / S_enc (SPEC 2.1).
-
-    2688 / A is computed as numerics.py computes it: there `2688.0 / amax` is a Python
-    scalar over a tensor, which torch evaluates as ``amax.reciprocal() * 2688`` -- two
-    fp32 roundings, not one true division (e.g. A = 4.09375 gives 656.6107177734375,
-    the correctly rounded quotient is 656.6106567382812). Bit-exactness with the
-    reference wins; the reciprocal itself is correctly rounded on CPU and CUDA."""
+    S_dec = 1 / S_enc (SPEC 2.1): both one IEEE division, as numerics.global_encode_scale
+    (a tensor over a tensor there; a Python number over a tensor would be
+    reciprocal * 2688, rounded twice)."""
     one = tl.zeros_like(amax) + 1.0
-    s_enc = tl.minimum(tl.math.div_rn(one, amax) * _FP4_E4M3_MAX, _FLT_MAX)
+    s_enc = tl.minimum(tl.math.div_rn(one * _FP4_E4M3_MAX, amax), _FLT_MAX)
     s_enc = tl.where(amax == 0.0, 1.0, s_enc)
-    s_dec = tl.math.div_rn(tl.zeros_like(s_enc) + 1.0, s_enc)
+    s_dec = tl.math.div_rn(one, s_enc)
     return s_enc, s_dec
 
 
@@ -183,42 +179,33 @@ def butterfly(a, b):
 
 
 @triton.jit
-def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK: tl.constexpr):
+def _sign(sign_mask, j: tl.constexpr):
+    """+1.0 or -1.0: bit j of the sign mask."""
+    return 1.0 - 2.0 * ((sign_mask >> j) & 1).to(tl.float32)
+
+
+@triton.jit
+def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask):
     """RHT of 16 fp32 tensors (the 16 tokens of runs): bf16(0.25 * FWHT(s * x)) held in
     fp32, butterflies of strides 1, 2, 4, 8 in this order (numerics.rht16)."""
-    # signs: bit i of SIGN_MASK set -> x_i * -1.0 (exact, as numerics multiplies by -1.0)
-    if (SIGN_MASK >> 0) & 1:
-        x0 = x0 * -1.0
-    if (SIGN_MASK >> 1) & 1:
-        x1 = x1 * -1.0
-    if (SIGN_MASK >> 2) & 1:
-        x2 = x2 * -1.0
-    if (SIGN_MASK >> 3) & 1:
-        x3 = x3 * -1.0
-    if (SIGN_MASK >> 4) & 1:
-        x4 = x4 * -1.0
-    if (SIGN_MASK >> 5) & 1:
-        x5 = x5 * -1.0
-    if (SIGN_MASK >> 6) & 1:
-        x6 = x6 * -1.0
-    if (SIGN_MASK >> 7) & 1:
-        x7 = x7 * -1.0
-    if (SIGN_MASK >> 8) & 1:
-        x8 = x8 * -1.0
-    if (SIGN_MASK >> 9) & 1:
-        x9 = x9 * -1.0
-    if (SIGN_MASK >> 10) & 1:
-        x10 = x10 * -1.0
-    if (SIGN_MASK >> 11) & 1:
-        x11 = x11 * -1.0
-    if (SIGN_MASK >> 12) & 1:
-        x12 = x12 * -1.0
-    if (SIGN_MASK >> 13) & 1:
-        x13 = x13 * -1.0
-    if (SIGN_MASK >> 14) & 1:
-        x14 = x14 * -1.0
-    if (SIGN_MASK >> 15) & 1:
-        x15 = x15 * -1.0
+    # signs: bit i of sign_mask set -> x_i * -1.0, else x_i * 1.0 (exact; numerics multiplies too).
+    # sign_mask is a run-time int so the two masks in use share one compiled kernel.
+    x0 = x0 * _sign(sign_mask, 0)
+    x1 = x1 * _sign(sign_mask, 1)
+    x2 = x2 * _sign(sign_mask, 2)
+    x3 = x3 * _sign(sign_mask, 3)
+    x4 = x4 * _sign(sign_mask, 4)
+    x5 = x5 * _sign(sign_mask, 5)
+    x6 = x6 * _sign(sign_mask, 6)
+    x7 = x7 * _sign(sign_mask, 7)
+    x8 = x8 * _sign(sign_mask, 8)
+    x9 = x9 * _sign(sign_mask, 9)
+    x10 = x10 * _sign(sign_mask, 10)
+    x11 = x11 * _sign(sign_mask, 11)
+    x12 = x12 * _sign(sign_mask, 12)
+    x13 = x13 * _sign(sign_mask, 13)
+    x14 = x14 * _sign(sign_mask, 14)
+    x15 = x15 * _sign(sign_mask, 15)
     # stride 1: pairs (i, i + 1)
     x0, x1 = butterfly(x0, x1)
     x2, x3 = butterfly(x2, x3)
@@ -289,4 +276,13 @@ def load_token(x_ptr, start, local0, size, in_group, j: tl.constexpr, K, ks, k_o
     ok = in_group & (local < size)
     src = start + local
     x = tl.load(x_ptr + src[:, None] * K + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-    return x.to(tl.float32), src, ok
+    return to_float32(x), src, ok
+
+
+@triton.jit
+def to_float32(x):
+    """Exact widening to fp32. bf16 goes through its bits (<< 16): the interpreter's
+    bf16 -> fp32 conversion gets subnormals wrong (1.01e-39 -> 4.4e-39, triton 3.9)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)

@@ -53,9 +53,11 @@ def _check_input(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
 
 
-def _seed_tensor(stochastic_rounding: bool, seed: Optional[int], device) -> Optional[torch.Tensor]:
+def _seed_tensor(stochastic_rounding: bool, seed: Optional[int], device, blocks: int = 0) -> Optional[torch.Tensor]:
     if not stochastic_rounding:
         return None
+    if blocks >= 2**32:
+        raise ValueError(f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
     if seed is None:
         seed = draw_seed()
     return torch.full((1,), seed, dtype=torch.int64, device=device)  # a fill: no host-to-device copy
@@ -108,7 +110,7 @@ def quantize(
     sizes = torch.full((1,), m, dtype=torch.int64, device=x.device)  # one group of M tokens, no padding
     row_amax, col_amax = _amaxes(x, sizes, m, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax)
     row_data, row_scale, col_data, col_scale, _ = group_cast(
-        x, sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device),
+        x, sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, x.numel() // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, block_2d, stochastic_rounding, m, False,
     )
     out = NVFP4Tensor(None, None, None, None, None, None)
@@ -145,7 +147,7 @@ def group_quantize(
         x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
     )
     row_data, row_scale, col_data, col_scale, pad_off = group_cast(
-        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device),
+        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, max(x.numel(), capacity * x.shape[1]) // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
     )
     return NVFP4GroupedTensor(

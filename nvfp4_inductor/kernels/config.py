@@ -34,8 +34,8 @@ def cast_config(rows: int, cols: int, *, rht: bool) -> CastConfig:
         return _CAST_OVERRIDE
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
-    block_k = 64 if cols <= 64 else 128
-    return CastConfig(block_m=128 if rows >= 4096 else 32, block_k=block_k, num_warps=8 if rows >= 4096 else 4)
+    # one tile for every size: each distinct config is another compile of a large kernel
+    return CastConfig(block_m=64, block_k=128, num_warps=4)
 
 
 def amax_config(rows: int, cols: int) -> AmaxConfig:
@@ -43,8 +43,7 @@ def amax_config(rows: int, cols: int) -> AmaxConfig:
         return _AMAX_OVERRIDE
     if INTERPRET:
         return AmaxConfig(block_m=256, block_k=128, k_split=1, num_warps=4)
-    block_k = 64 if cols <= 64 else 128
-    return AmaxConfig(block_m=64, block_k=block_k, k_split=max(1, min(4, cols // 512)), num_warps=4)
+    return AmaxConfig(block_m=64, block_k=128, k_split=max(1, min(4, cols // 512)), num_warps=4)
 
 
 class override:

@@ -26,8 +26,8 @@ from .group_cast import group_layout
 @triton.jit
 def _group_amax_kernel(
     x_ptr, sizes_ptr, starts_ptr, pad_off_ptr, pre_ptr, post_ptr,
-    K, G, rows_total,
-    PRE: tl.constexpr, POST: tl.constexpr, SIGN_MASK: tl.constexpr,
+    K, G, rows_total, sign_mask,
+    PRE: tl.constexpr, POST: tl.constexpr, 
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
@@ -75,7 +75,10 @@ def _group_amax_kernel(
             acc_pre = tl.maximum(acc_pre, tl.abs(x14))
             acc_pre = tl.maximum(acc_pre, tl.abs(x15))
         if POST:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
+            (x0, x1, x2, x3, x4, x5, x6, x7,
+             x8, x9, x10, x11, x12, x13, x14, x15) = rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7,
+                x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
             acc_post = tl.maximum(acc_post, tl.abs(x0))
             acc_post = tl.maximum(acc_post, tl.abs(x1))
             acc_post = tl.maximum(acc_post, tl.abs(x2))
@@ -121,7 +124,7 @@ def group_amax(
         _group_amax_kernel, (triton.cdiv(capacity, cfg.block_m), k_split),
         x_ptr=x, sizes_ptr=sizes, starts_ptr=starts, pad_off_ptr=pad_off,
         pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=capacity,
-        PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        PRE=pre, POST=post, sign_mask=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
     return pre_amax, post_amax

@@ -93,8 +93,8 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 def _group_cast_kernel(
     x_ptr, sizes_ptr, starts_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
     row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr,
-    K, G, rows_total, cap, col_group_stride,
-    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
+    K, G, rows_total, cap, col_group_stride, sign_mask,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, 
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
@@ -200,7 +200,10 @@ def _group_cast_kernel(
 
     if COLUMNWISE:
         if RHT:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
+            (x0, x1, x2, x3, x4, x5, x6, x7,
+             x8, x9, x10, x11, x12, x13, x14, x15) = rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7,
+                x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
         if BLOCK_2D:  # the 16x16 tile amax, repeated on the 16 columns of each tile
             cam = tl.reshape(tl.broadcast_to(tile[:, :, None], (R, BK // 16, 16)), (R, BK))
         else:
@@ -229,13 +232,14 @@ def _group_cast_kernel(
             col_row = rs
             base = tl.zeros_like(rs)
         # one uint64 word (8 bytes, 16 tokens) and one scale byte per (run, column)
-        idx = base[:, None] + ks[None, :] * (cap // 16) + (col_row // 16)[:, None]
+        kc = ks.to(tl.int64)[None, :] * (cap // 16)  # int64: K * P / 16 may pass 2**31
+        idx = base[:, None] + kc + (col_row // 16)[:, None]
         w0 = idx
         w1 = idx
         w2 = idx
         w3 = idx
         if SR:
-            w0, w1, w2, w3 = philox_words(seed, ks[None, :] * (cap // 16) + (col_row // 16)[:, None], 1)
+            w0, w1, w2, w3 = philox_words(seed, kc + (col_row // 16)[:, None], 1)
         c0 = _col_code(x0, enc, w0, w1, w2, w3, 0, SR)
         c1 = _col_code(x1, enc, w0, w1, w2, w3, 1, SR)
         c2 = _col_code(x2, enc, w0, w1, w2, w3, 2, SR)
@@ -326,7 +330,7 @@ def group_cast(
         col_word_ptr=col_words if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
-        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
+        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, sign_mask=sign_mask, BLOCK_2D=block_2d,
         SR=stochastic_rounding, STACKED=stacked, BLOCK_G=max(triton.next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
     )
