@@ -225,7 +225,12 @@ def quantize_rows(
     bits, enc = block_scales(block_amax, global_encode_scale(amax))
     v = torch.clamp(x * enc.unsqueeze(-1), -FP4_MAX, FP4_MAX).reshape(rows, cols)
     codes = e2m1_encode(v) if rbytes is None else e2m1_round_stochastic(v, rbytes)
-    return pack_fp4(codes), bits.view(torch.float8_e4m3fn)
+    return pack_fp4(codes).contiguous(), bits.contiguous().view(torch.float8_e4m3fn)
+
+
+def _owned(amax: torch.Tensor) -> torch.Tensor:
+    """A caller-supplied amax as a new fp32 tensor: outputs never alias inputs."""
+    return amax.to(torch.float32, copy=True)
 
 
 def amax_of(x: torch.Tensor) -> torch.Tensor:
@@ -260,7 +265,7 @@ def quantize_torch(
     m, k = x.shape
     out = NVFP4Tensor(None, None, None, None, None, None)
     if rowwise:
-        amax = amax_of(x) if rowwise_amax is None else rowwise_amax.float().reshape(())
+        amax = amax_of(x) if rowwise_amax is None else _owned(rowwise_amax.reshape(()))
         rbytes = sr_random_bytes(seed, m, k, SR_STREAM_ROWWISE, x.device) if stochastic_rounding else None
         out.rowwise_data, out.rowwise_scale = quantize_rows(x, amax, block_2d=block_2d, rbytes=rbytes)
         out.rowwise_amax = amax
@@ -269,11 +274,11 @@ def quantize_torch(
         if rht:
             xt = rht16(xt, sign_mask)
         if columnwise_amax is not None:
-            amax = columnwise_amax.float().reshape(())
+            amax = _owned(columnwise_amax.reshape(()))
         elif rht or rowwise_amax is None:
             amax = amax_of(xt)
         else:  # without RHT the column-wise copy has the same amax as the row-wise one
-            amax = rowwise_amax.float().reshape(())
+            amax = _owned(rowwise_amax.reshape(()))
         rbytes = sr_random_bytes(seed, k, m, SR_STREAM_COLUMNWISE, x.device) if stochastic_rounding else None
         out.columnwise_data, out.columnwise_scale = quantize_rows(xt, amax, block_2d=block_2d, rbytes=rbytes)
         out.columnwise_amax = amax
@@ -345,7 +350,7 @@ def group_quantize_torch(
     group_of_row, padded_row, padded_offsets, group_of_padded_row = group_layout(group_sizes, tokens)
     out = NVFP4GroupedTensor(None, None, None, None, None, None, padded_offsets, group_sizes.to(torch.int64))
     if rowwise:
-        amax = group_amax(x, group_of_row, groups) if rowwise_amax is None else rowwise_amax.float()
+        amax = group_amax(x, group_of_row, groups) if rowwise_amax is None else _owned(rowwise_amax)
         rbytes = sr_random_bytes(seed, tokens, k, SR_STREAM_ROWWISE, x.device) if stochastic_rounding else None
         out.rowwise_data, out.rowwise_scale = quantize_rows(
             x, amax[group_of_row].unsqueeze(1), rbytes=rbytes
@@ -357,11 +362,11 @@ def group_quantize_torch(
         if rht:
             xt = rht16(xt, sign_mask)
         if columnwise_amax is not None:
-            amax = columnwise_amax.float()
+            amax = _owned(columnwise_amax)
         elif rht or rowwise_amax is None:
             amax = group_amax(xt.t(), group_of_padded_row, groups)
         else:
-            amax = rowwise_amax.float()
+            amax = _owned(rowwise_amax)
         rbytes = sr_random_bytes(seed, k, capacity, SR_STREAM_COLUMNWISE, x.device) if stochastic_rounding else None
         out.columnwise_data, out.columnwise_scale = quantize_rows(
             xt, amax[group_of_padded_row[::BLOCK]].unsqueeze(0), rbytes=rbytes

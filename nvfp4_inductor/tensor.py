@@ -1,8 +1,8 @@
 """Containers for quantized tensors: what a quantizer returns and a GEMM consumes.
 
 Plain dataclasses of torch tensors (not tensor subclasses): they cross the
-``nvfp4::*`` op boundary as tuples (``as_tuple``), with an empty tensor standing for a
-missing copy (``quantize.py`` turns those back into None).
+``nvfp4::*`` op boundary as tuples (``as_tuple``); ops return an empty tensor for a
+missing copy and ``quantize.py`` turns those back into None.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class NVFP4Tensor:
         return _dequantize_copy(self.rowwise_data, self.rowwise_scale, self.rowwise_amax, "rowwise")
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
 
 @dataclasses.dataclass
@@ -107,7 +107,7 @@ class NVFP4GroupedTensor:
         return dequantize_blocks(self.rowwise_data, self.rowwise_scale, self.rowwise_amax[group_of_row].unsqueeze(1))
 
     def as_tuple(self) -> tuple[torch.Tensor, ...]:
-        return tuple(_or_empty(getattr(self, f.name)) for f in dataclasses.fields(self))
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
 
 def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
@@ -115,9 +115,6 @@ def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
         raise ValueError(f"dequantize: this tensor was quantized without the {which} copy")
     return dequantize_blocks(data, scale, amax)
 
-
-def _or_empty(t: Optional[torch.Tensor]) -> torch.Tensor:
-    return torch.empty(0) if t is None else t
 
 
 

@@ -59,21 +59,6 @@ def _ref_tuple(container, dtypes):
 
 _QDTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
 
-# Bugs found in the code under test (each reproduced by an xfail(strict=True) test below).
-BUG_ABSENT_DTYPE = (
-    "BUG: an absent copy comes back as torch.empty(0) float32 on the CPU, not an empty tensor of "
-    "the copy's dtype (uint8 / float8_e4m3fn) on x's device as the fake impl says: "
-    "NVFP4Tensor.as_tuple already maps None to torch.empty(0), so ops._or_empty never substitutes"
-)
-BUG_COL_STRIDES = (
-    "BUG: without RHT the column-wise data is returned with transposed strides (e.g. (1, K) for a "
-    "(K, M/2) matrix: quantize_rows packs a view of x.t()), while the fake impl returns it contiguous"
-)
-BUG_AMAX_ALIAS = (
-    "BUG: a caller-supplied fp32 amax is returned as the op's amax output unchanged "
-    "(amax.float() / .reshape(()) are views), so the custom op returns an alias of its input and "
-    "torch raises RuntimeError at run time"
-)
 
 # opcheck's test_schema runs the op under SchemaCheckMode, which compares inputs before and
 # after with torch.allclose: not implemented for float8_e4m3fn on the CPU in this torch. Ops
@@ -99,8 +84,6 @@ def _check_functional(op, args, label):
 # Cases
 
 
-def _xfail(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +118,12 @@ QUANTIZE_GIVEN_AMAX = QCase(32, 32, columnwise=True, rht=True, given_amax=True)
 QUANTIZE_OPCHECK_CASES = [
     QCase(64, 48, columnwise=True, rht=True),
     QCase(32, 64, columnwise=True, rht=True, block_2d=True),
-    pytest.param(QCase(32, 64), marks=_xfail(BUG_ABSENT_DTYPE), id="32x64-rowwise-only"),
-    pytest.param(QCase(32, 32, rowwise=False, columnwise=True, rht=True), marks=_xfail(BUG_ABSENT_DTYPE),
+    pytest.param(QCase(32, 64), marks=(), id="32x64-rowwise-only"),
+    pytest.param(QCase(32, 32, rowwise=False, columnwise=True, rht=True), marks=(),
                  id="32x32-columnwise-only"),
-    pytest.param(QCase(48, 32, columnwise=True, dtype=torch.float32), marks=_xfail(BUG_COL_STRIDES),
+    pytest.param(QCase(48, 32, columnwise=True, dtype=torch.float32), marks=(),
                  id="48x32-fp32-columnwise-no-rht"),
-    pytest.param(QUANTIZE_GIVEN_AMAX, marks=_xfail(BUG_AMAX_ALIAS), id="given-amax"),
+    pytest.param(QUANTIZE_GIVEN_AMAX, marks=(), id="given-amax"),
 ]
 
 
@@ -173,9 +156,9 @@ GROUP_GIVEN_AMAX = GCase(UNEVEN, given_amax=True)
 
 GROUP_OPCHECK_CASES = [
     GCase(UNEVEN),
-    pytest.param(GCase(UNEVEN, columnwise=False, rht=False), marks=_xfail(BUG_ABSENT_DTYPE), id="rowwise-only"),
-    pytest.param(GCase(UNEVEN, rht=False), marks=_xfail(BUG_COL_STRIDES), id="no-rht"),
-    pytest.param(GROUP_GIVEN_AMAX, marks=_xfail(BUG_AMAX_ALIAS), id="given-amax"),
+    pytest.param(GCase(UNEVEN, columnwise=False, rht=False), marks=(), id="rowwise-only"),
+    pytest.param(GCase(UNEVEN, rht=False), marks=(), id="no-rht"),
+    pytest.param(GROUP_GIVEN_AMAX, marks=(), id="given-amax"),
 ]
 
 
@@ -216,7 +199,7 @@ def test_quantize_opcheck(case: QCase):
 
 
 @pytest.mark.parametrize(
-    "case", QUANTIZE_CASES + [pytest.param(QUANTIZE_GIVEN_AMAX, marks=_xfail(BUG_AMAX_ALIAS), id="given-amax")],
+    "case", QUANTIZE_CASES + [pytest.param(QUANTIZE_GIVEN_AMAX, id="given-amax")],
     ids=str,
 )
 def test_quantize_matches_reference(case: QCase):
@@ -241,21 +224,18 @@ def test_quantize_stochastic_matches_reference_under_same_manual_seed():
     _assert_tuple_equal(out, _ref_tuple(ref, _QDTYPES), "quantize SR")
 
 
-@_xfail(BUG_ABSENT_DTYPE)
 def test_absent_copy_has_the_fake_impls_dtype():
     x = _randn(_gen(16), 32, 32)
     out = nvfp4.quantize(x, True, False, False, DEFAULT_SIGN_MASK, False, False, None, None)
     assert (out[3].dtype, out[4].dtype) == (torch.uint8, torch.float8_e4m3fn), [o.dtype for o in out[3:]]
 
 
-@_xfail(BUG_COL_STRIDES)
 def test_columnwise_copy_without_rht_is_contiguous():
     x = _randn(_gen(17), 48, 32)
     out = nvfp4.quantize(x, True, True, False, DEFAULT_SIGN_MASK, False, False, None, None)
     assert out[3].is_contiguous(), f"columnwise data {tuple(out[3].shape)} has strides {out[3].stride()}"
 
 
-@_xfail(BUG_AMAX_ALIAS)
 def test_public_quantize_with_given_amax():
     """Reproducer of BUG_AMAX_ALIAS through the public API."""
     import nvfp4_inductor
@@ -274,7 +254,7 @@ def test_group_quantize_opcheck(case: GCase):
 
 
 @pytest.mark.parametrize(
-    "case", GROUP_CASES + [pytest.param(GROUP_GIVEN_AMAX, marks=_xfail(BUG_AMAX_ALIAS), id="given-amax")], ids=str
+    "case", GROUP_CASES + [pytest.param(GROUP_GIVEN_AMAX, marks=(), id="given-amax")], ids=str
 )
 def test_group_quantize_matches_reference(case: GCase):
     x, gs, ra, ca = _group_inputs(case, 5)
@@ -537,7 +517,6 @@ def test_grouped_mlp_fwd(case: MCase, recompute: bool):
     assert_bytes_equal(out[12], ref[6].columnwise_amax, "saved D column-wise amax")
 
 
-@_xfail(BUG_COL_STRIDES)
 def test_grouped_mlp_fwd_opcheck_without_rht():
     x, w1, w2, gs, probs, _ = _mlp_inputs(NORHT, 14)
     torch.library.opcheck(nvfp4.grouped_mlp_fwd, _fwd_args(NORHT, x, w1, w2, gs, probs, True),
