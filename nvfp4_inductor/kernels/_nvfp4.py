@@ -181,7 +181,7 @@ def butterfly(a, b):
 @triton.jit
 def _sign(sign_mask, j: tl.constexpr):
     """+1.0 or -1.0: bit j of the sign mask."""
-    return 1.0 - 2.0 * ((sign_mask >> j) & 1).to(tl.float32)
+    return tl.where(((sign_mask >> j) & 1) == 1, -1.0, 1.0)
 
 
 @triton.jit
@@ -254,18 +254,28 @@ def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, 
 
 
 @triton.jit
-def group_of_runs(pad_off_ptr, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Per run of 16 padded rows starting at r0: (group index g clamped to a valid index,
-    run inside a group?, first padded row of the run, padded start of its group).
-    Runs never straddle groups: padded offsets are multiples of 16."""
-    rs = r0 + tl.arange(0, R).to(tl.int64) * 16
+def group_of_runs(sizes_ptr, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Where the R runs of 16 padded rows starting at r0 come from, computed on the device
+    from the G group sizes (prefix sums of the sizes and of the sizes rounded up to 16).
+
+    Returns per run: g (its group, clamped to a valid index), in_group (False past p_G
+    or past rows_total), rs (its first padded row), poff (p_g, the padded start of g),
+    size (m_g), start (g's first row in x); and pad_end (BLOCK_G,), the p_{g+1}.
+    Runs never straddle groups: every p_g is a multiple of 16."""
     gi = tl.arange(0, BLOCK_G)
-    pad_end = tl.load(pad_off_ptr + 1 + gi, mask=gi < G, other=2**62)
-    g = tl.sum((pad_end[None, :] <= rs[:, None]).to(tl.int32), axis=1)
+    sz = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int64)
+    padded = (sz + 15) // 16 * 16
+    pad_end = tl.cumsum(padded, 0)
+    end = tl.cumsum(sz, 0)
+    rs = r0 + tl.arange(0, R).to(tl.int64) * 16
+    g = tl.sum((tl.where(gi < G, pad_end, 2**62)[None, :] <= rs[:, None]).to(tl.int32), axis=1)
     in_group = (g < G) & (rs < rows_total)
+    sel = gi[None, :] == g[:, None]  # one-hot gather of the group's numbers (none past p_G)
+    size = tl.sum(tl.where(sel, sz[None, :], 0), axis=1)
+    start = tl.sum(tl.where(sel, (end - sz)[None, :], 0), axis=1)
+    poff = tl.sum(tl.where(sel, (pad_end - padded)[None, :], 0), axis=1)
     g = tl.where(g < G, g, 0)
-    poff = tl.load(pad_off_ptr + g, mask=in_group, other=0)
-    return g, in_group, rs, poff
+    return g, in_group, rs, poff, size, start, pad_end
 
 
 @triton.jit

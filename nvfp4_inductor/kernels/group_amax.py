@@ -20,21 +20,18 @@ import triton.language as tl
 from ._nvfp4 import group_of_runs, load_token, rht16
 from ._registry import kernel_op, launch
 from .config import amax_config
-from .group_cast import group_layout
 
 
 @triton.jit
 def _group_amax_kernel(
-    x_ptr, sizes_ptr, starts_ptr, pad_off_ptr, pre_ptr, post_ptr,
-    K, G, rows_total, sign_mask,
-    PRE: tl.constexpr, POST: tl.constexpr, 
+    x_ptr, sizes_ptr, pre_ptr, post_ptr,
+    K, G, rows_total,
+    PRE: tl.constexpr, POST: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
-    g, in_group, rs, poff = group_of_runs(pad_off_ptr, r0, rows_total, G, R, BLOCK_G)
-    size = tl.load(sizes_ptr + g, mask=in_group, other=0)
-    start = tl.load(starts_ptr + g, mask=in_group, other=0)
+    g, in_group, rs, poff, size, start, _ = group_of_runs(sizes_ptr, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     acc_pre = tl.zeros((R, BK), dtype=tl.float32)
     acc_post = tl.zeros((R, BK), dtype=tl.float32)
@@ -75,10 +72,7 @@ def _group_amax_kernel(
             acc_pre = tl.maximum(acc_pre, tl.abs(x14))
             acc_pre = tl.maximum(acc_pre, tl.abs(x15))
         if POST:
-            (x0, x1, x2, x3, x4, x5, x6, x7,
-             x8, x9, x10, x11, x12, x13, x14, x15) = rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7,
-                x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
             acc_post = tl.maximum(acc_post, tl.abs(x0))
             acc_post = tl.maximum(acc_post, tl.abs(x1))
             acc_post = tl.maximum(acc_post, tl.abs(x2))
@@ -117,14 +111,13 @@ def group_amax(
     post_amax = x.new_zeros(groups, dtype=torch.float32)
     if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
         return pre_amax, post_amax
-    sizes, starts, pad_off = group_layout(group_sizes)
     cfg = amax_config(capacity, k)
     k_split = min(cfg.k_split, triton.cdiv(k, cfg.block_k))
     launch(
         _group_amax_kernel, (triton.cdiv(capacity, cfg.block_m), k_split),
-        x_ptr=x, sizes_ptr=sizes, starts_ptr=starts, pad_off_ptr=pad_off,
+        x_ptr=x, sizes_ptr=group_sizes.contiguous(),
         pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=capacity,
-        PRE=pre, POST=post, sign_mask=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
     return pre_amax, post_amax

@@ -91,10 +91,10 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 
 @triton.jit
 def _group_cast_kernel(
-    x_ptr, sizes_ptr, starts_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
+    x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
     row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr,
-    K, G, rows_total, cap, col_group_stride, sign_mask,
-    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, 
+    K, G, rows_total, cap, col_group_stride,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
@@ -103,10 +103,13 @@ def _group_cast_kernel(
     k0 = tl.program_id(1) * BK
     ks = k0 + tl.arange(0, BK)
     k_ok = ks < K
-    g, in_group, rs, poff = group_of_runs(pad_off_ptr, r0, rows_total, G, R, BLOCK_G)
-    size = tl.load(sizes_ptr + g, mask=in_group, other=0)
-    start = tl.load(starts_ptr + g, mask=in_group, other=0)
+    g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes_ptr, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
+    # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
+    gi = tl.arange(0, BLOCK_G)
+    first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
+    tl.store(pad_off_ptr + 1 + gi, pad_end, mask=(gi < G) & first)
+    tl.store(pad_off_ptr + gi, tl.zeros_like(pad_end), mask=(gi == 0) & first)
     seed = 0
     if SR:
         seed = tl.load(seed_ptr)
@@ -200,10 +203,7 @@ def _group_cast_kernel(
 
     if COLUMNWISE:
         if RHT:
-            (x0, x1, x2, x3, x4, x5, x6, x7,
-             x8, x9, x10, x11, x12, x13, x14, x15) = rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7,
-                x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
         if BLOCK_2D:  # the 16x16 tile amax, repeated on the 16 columns of each tile
             cam = tl.reshape(tl.broadcast_to(tile[:, :, None], (R, BK // 16, 16)), (R, BK))
         else:
@@ -232,14 +232,13 @@ def _group_cast_kernel(
             col_row = rs
             base = tl.zeros_like(rs)
         # one uint64 word (8 bytes, 16 tokens) and one scale byte per (run, column)
-        kc = ks.to(tl.int64)[None, :] * (cap // 16)  # int64: K * P / 16 may pass 2**31
-        idx = base[:, None] + kc + (col_row // 16)[:, None]
+        idx = base[:, None] + ks[None, :] * (cap // 16) + (col_row // 16)[:, None]
         w0 = idx
         w1 = idx
         w2 = idx
         w3 = idx
         if SR:
-            w0, w1, w2, w3 = philox_words(seed, kc + (col_row // 16)[:, None], 1)
+            w0, w1, w2, w3 = philox_words(seed, ks[None, :] * (cap // 16) + (col_row // 16)[:, None], 1)
         c0 = _col_code(x0, enc, w0, w1, w2, w3, 0, SR)
         c1 = _col_code(x1, enc, w0, w1, w2, w3, 1, SR)
         c2 = _col_code(x2, enc, w0, w1, w2, w3, 2, SR)
@@ -267,15 +266,6 @@ def _group_cast_kernel(
         col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
         tl.store(col_word_ptr + idx, word.to(tl.int64, bitcast=True), mask=col_ok)
         tl.store(col_scale_ptr + idx, code_s.to(tl.uint8), mask=col_ok)
-
-
-def group_layout(group_sizes: torch.Tensor):
-    """(sizes int64 (G,), starts int64 (G,), padded offsets int64 (G+1,)) on the device."""
-    sizes = group_sizes.to(torch.int64)
-    ends = torch.cumsum(sizes, 0)
-    padded = (sizes + (BLOCK - 1)) // BLOCK * BLOCK
-    pad_off = torch.cat((sizes.new_zeros(1), torch.cumsum(padded, 0)))
-    return sizes, ends - sizes, pad_off
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -306,7 +296,7 @@ def group_cast(
     x = x.contiguous()
     tokens, k = x.shape
     groups = group_sizes.shape[0]
-    sizes, starts, pad_off = group_layout(group_sizes)
+    pad_off = x.new_empty(groups + 1, dtype=torch.int64)
     def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
         return x.new_empty(*shape if wanted else (0,), dtype=torch.uint8)
 
@@ -318,19 +308,19 @@ def group_cast(
     col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
     rows_total = tokens if stacked else capacity
     cfg = cast_config(rows_total, k, rht=columnwise and rht)
-    grid = (triton.cdiv(rows_total, cfg.block_m), triton.cdiv(k, cfg.block_k))
-    if groups == 0 or k == 0 or not (rowwise or columnwise):
-        return row_data, row_scale, col_data, col_scale, pad_off
+    grid = (max(triton.cdiv(rows_total, cfg.block_m), 1), max(triton.cdiv(k, cfg.block_k), 1))
+    if groups == 0:
+        return row_data, row_scale, col_data, col_scale, pad_off.zero_()
     launch(
         _group_cast_kernel, grid,
-        x_ptr=x, sizes_ptr=sizes, starts_ptr=starts, pad_off_ptr=pad_off,
+        x_ptr=x, sizes_ptr=group_sizes.contiguous(), pad_off_ptr=pad_off,
         row_amax_ptr=row_amax if rowwise else x, col_amax_ptr=col_amax if columnwise else x,
         seed_ptr=seed if stochastic_rounding else x,
         row_data_ptr=row_data if rowwise else x, row_scale_ptr=row_scale if rowwise else x,
         col_word_ptr=col_words if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
-        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, sign_mask=sign_mask, BLOCK_2D=block_2d,
+        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
         SR=stochastic_rounding, STACKED=stacked, BLOCK_G=max(triton.next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
     )
