@@ -231,3 +231,33 @@ def test_registered_by_name_in_a_fresh_process(first):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_changing_token_count_recompiles_at_most_once():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mlp, _ = _grouped_mlp_model("srelu", probs=False)
+    step = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))
+    for tokens in (64, 80, 96, 112):
+        x = torch.randn(tokens, 32, dtype=torch.bfloat16, requires_grad=True)
+        step(x, torch.tensor([tokens - 40, 0, 24, 16])).sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_dump_code_writes_the_graphs_and_generated_code(tmp_path):
+    mlp, args = _grouped_mlp_model("swiglu", probs=True)
+    files = nv.dump_code(mlp, *_with_grad(args), path=tmp_path)
+    names = [f.name for f in files]
+    assert any("Forward_graph" in n for n in names) and any("Backward_graph" in n for n in names), names
+    text = "\n".join(f.read_text(errors="replace") for f in files if f.suffix == ".py")
+    assert "nvfp4.grouped_mlp_fwd" in text and "nvfp4.grouped_mlp_bwd" in text
+
+
+def test_explain_reports_sites_rejections_and_saved_bytes():
+    model = GroupedMM("gelu")
+    report = nv.explain(model, *model.inputs(0))
+    assert report.sites == [] and report.rejected and "gelu" in str(report).lower()
+    mlp, args = _grouped_mlp_model("srelu", probs=True)
+    report = nv.explain(mlp, *_with_grad(args))
+    assert len(report.sites) == 1 and report.sites[0].saved_bytes > 0
+    assert any("amax" in step for step in report.sites[0].forward_steps)
