@@ -93,18 +93,19 @@ def scale_values(x, enc):
 
 @triton.jit
 def e2m1_rne(v):
-    """fp32 v in [-6, 6] -> E2M1 code (int32), RNE on the grid (formats.e2m1_encode):
-    `>` below an even code, `>=` above one; strictly negative v gets the sign bit."""
+    """fp32 v in [-6, 6] -> E2M1 code (int32), RNE on the grid: the same codes as
+    formats.e2m1_encode's threshold comparisons (0.25->0, 0.75->1, 1.25->1, 1.75->2,
+    2.5->2, 3.5->4, 5->4; a strictly negative v gets the sign bit), in fewer operations:
+      |v| >= 1: E2M1 is a float with 1 mantissa bit, exponent bias 1, so round the fp32
+                mantissa to 1 bit (add 0x1FFFFF + lsb, drop 22 bits; a carry bumps the
+                exponent) and rebias: code = (exponent << 1 | mantissa) - (126 << 1);
+      |v| < 1:  codes 0, 1, 2 are 0, 0.5, 1: code = RNE(|v| * 2) (exact product, the
+                2**23 add rounds ties to even)."""
     a = tl.abs(v)
-    code = (
-        (a > 0.25).to(tl.int32)
-        + (a >= 0.75).to(tl.int32)
-        + (a > 1.25).to(tl.int32)
-        + (a >= 1.75).to(tl.int32)
-        + (a > 2.5).to(tl.int32)
-        + (a >= 3.5).to(tl.int32)
-        + (a > 5.0).to(tl.int32)
-    )
+    ab = a.to(tl.int32, bitcast=True)
+    normal = ((ab + 0x1FFFFF + ((ab >> 22) & 1)) >> 22) - 252
+    small = ((a * 2.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    code = tl.where(a < 1.0, small, normal)
     return code | tl.where(v < 0.0, 8, 0)
 
 
