@@ -1,0 +1,157 @@
+"""How close do the Triton NVFP4 quantize kernels come to HBM speed, and how much faster
+are they than torch.compile of the numerics.py reference?
+
+For (T, K) in {(16384, 2048), (65536, 4096)} bf16 with 8 uneven groups (empty ones, sizes
+not multiples of 128), each step below is timed with triton.testing.do_bench (median,
+after warm-up) on random data, and reported as
+    time, effective bandwidth over the fewest bytes the step must move, % of a
+    device-to-device copy measured in this run, speed-up over torch.compile(reference).
+Bytes per element: read bf16 2; a 1x16 copy writes 0.5 + 1/16 (codes + E4M3 scales); the
+column-wise copy spans P = columnwise_capacity(T, G) tokens.
+
+Steps:
+  amax      group_hadamard_amax: pre- and post-RHT amax per group        (reads x)
+  row+col   group_quantize row + column-wise RHT, supplied amaxes         (x -> both copies)
+  row+col SR  the same with stochastic rounding (gradients)
+  row       group_quantize row-wise only, supplied amax (fc2_x recompute) (x -> row copy)
+  full      group_quantize row + column RHT, amaxes computed (amax + cast launches)
+Last line: ratio row / full (the recompute's cast against the forward's; target <= 0.6).
+
+Usage: python benchmarks/quantize.py [--out DIR] [--sweep]   (needs a CUDA device)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nvfp4_inductor import kernels, numerics  # noqa: E402
+from nvfp4_inductor.kernels import config  # noqa: E402
+
+SHAPES = [(16384, 2048), (65536, 4096)]
+GROUPS_65536 = [0, 9000, 127, 0, 20000, 1, 15937, 20471]
+
+
+def group_sizes(tokens: int) -> list[int]:
+    sizes = [s * tokens // 65536 for s in GROUPS_65536]
+    sizes[-1] += tokens - sum(sizes)
+    return sizes
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--sweep", action="store_true", help="also time a few tile configs")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--compile-budget", type=float, default=240.0, help="seconds of reference compiles")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    bw_copy = 1.0
+    rows, log = [], []
+    compile_spent = 0.0
+    for tokens, k in SHAPES:
+        x = (torch.randn(tokens, k, device="cuda") * torch.randn(tokens, 1, device="cuda").exp()).to(torch.bfloat16)
+        sizes = torch.tensor(group_sizes(tokens), device="cuda")
+        g = sizes.numel()
+        cap = numerics.columnwise_capacity(tokens, g)
+        pre, post = kernels.group_hadamard_amax(x, sizes)
+        # the copy ceiling: read + write of x's bytes
+        y = torch.empty_like(x)
+        t_copy = bench(lambda: y.copy_(x))
+        bw_copy = 2 * x.numel() * 2 / t_copy
+        n = tokens * k
+        row_bytes = n * (0.5 + 1 / 16)
+        col_bytes = k * cap * (0.5 + 1 / 16)
+        rht = dict(rowwise=True, columnwise=True, rht=True)
+        steps = {
+            "amax": (lambda: kernels.group_hadamard_amax(x, sizes),
+                     lambda x, s: numerics.group_hadamard_amax_torch(x, s, 0xD7E8), 2 * n),
+            "row+col": (lambda: kernels.group_quantize(x, sizes, **rht, rowwise_amax=pre, columnwise_amax=post),
+                        lambda x, s: numerics.group_quantize_torch(x, s, **rht, rowwise_amax=pre, columnwise_amax=post).as_tuple(),
+                        2 * n + row_bytes + col_bytes),
+            "row+col SR": (lambda: kernels.group_quantize(x, sizes, **rht, rowwise_amax=pre, columnwise_amax=post,
+                                                          stochastic_rounding=True, seed=7),
+                           lambda x, s: numerics.group_quantize_torch(x, s, **rht, rowwise_amax=pre, columnwise_amax=post,
+                                                                      stochastic_rounding=True, seed=7).as_tuple(),
+                           2 * n + row_bytes + col_bytes),
+            "row": (lambda: kernels.group_quantize(x, sizes, rowwise=True, rowwise_amax=pre),
+                    lambda x, s: numerics.group_quantize_torch(x, s, rowwise=True, rowwise_amax=pre).as_tuple(),
+                    2 * n + row_bytes),
+            "full": (lambda: kernels.group_quantize(x, sizes, **rht),
+                     lambda x, s: numerics.group_quantize_torch(x, s, **rht).as_tuple(),
+                     2 * n + 2 * n + row_bytes + col_bytes),
+        }
+        times = {}
+        for name, (fn, ref, nbytes) in steps.items():
+            t = bench(fn)
+            times[name] = t
+            t_ref = float("nan")
+            if not args.no_compile and name != "row+col SR" and compile_spent < args.compile_budget:
+                t0 = time.time()
+                try:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(ref, fullgraph=False, dynamic=False)
+                    compiled(x, sizes)
+                    t_ref = bench(lambda: compiled(x, sizes))
+                except Exception as err:  # report, keep benchmarking
+                    print(f"  compile of the reference for {name} failed: {type(err).__name__}: {err}"[:300])
+                compile_spent += time.time() - t0
+                log.append(dict(step=name, compile_s=time.time() - t0))
+            bw = nbytes / t
+            rows.append((f"{tokens}x{k}", name, t * 1e6, bw / 1e12, 100 * bw / bw_copy, t_ref / t, t_ref * 1e6))
+            print(f"{tokens}x{k} {name:11s} {t*1e6:9.1f} us  {bw/1e12:5.2f} TB/s  {100*bw/bw_copy:5.1f}% of copy"
+                  f"  compiled ref {t_ref*1e6:10.1f} us  x{t_ref/t:6.1f}", flush=True)
+        rows.append((f"{tokens}x{k}", "copy", t_copy * 1e6, bw_copy / 1e12, 100.0, float("nan"), float("nan")))
+        rows.append((f"{tokens}x{k}", "ratio row/full", times["row"] / times["full"], 0, 0, 0, 0))
+        del x, y
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_quantize.json"), "w") as f:
+        json.dump(dict(rows=rows, log=log, device=torch.cuda.get_device_name()), f, indent=1)
+    print(f"\n{'shape':12s} {'step':15s} {'time us':>9s} {'TB/s':>6s} {'%copy':>6s} {'x compiled':>10s}")
+    for shape, name, t, bw, pct, speedup, _ in rows:
+        if name.startswith("ratio"):
+            print(f"{shape:12s} {name:15s} {t:9.3f}   (target <= 0.6)")
+        else:
+            print(f"{shape:12s} {name:15s} {t:9.1f} {bw:6.2f} {pct:6.1f} {speedup:10.1f}")
+
+    if args.sweep:  # tile configs of the two big kernels at the large shape (results do not change)
+        tokens, k = SHAPES[-1]
+        x = (torch.randn(tokens, k, device="cuda") * torch.randn(tokens, 1, device="cuda").exp()).to(torch.bfloat16)
+        sizes = torch.tensor(group_sizes(tokens), device="cuda")
+        cap = numerics.columnwise_capacity(tokens, sizes.numel())
+        n = tokens * k
+        row_bytes, col_bytes = n * (0.5 + 1 / 16), k * cap * (0.5 + 1 / 16)
+        rht = dict(rowwise=True, columnwise=True, rht=True)
+        pre, post = kernels.group_hadamard_amax(x, sizes)
+        for bm, warps in [(32, 4), (64, 4), (64, 8), (128, 8)]:
+            cfg = config.CastConfig(block_m=bm, block_k=128, num_warps=warps)
+            with config.override(cast=cfg):
+                t = bench(lambda: kernels.group_quantize(x, sizes, **rht, rowwise_amax=pre, columnwise_amax=post))
+            print(f"  sweep cast {cfg}: {t*1e6:.1f} us {100*(2*n+row_bytes+col_bytes)/t/bw_copy:.1f}% of copy", flush=True)
+            log.append(dict(sweep="cast", cfg=str(cfg), us=t * 1e6))
+        for bm, bk, split, warps in [(64, 128, 4, 4), (64, 128, 1, 4), (128, 128, 2, 8), (32, 256, 4, 4)]:
+            cfg = config.AmaxConfig(block_m=bm, block_k=bk, k_split=split, num_warps=warps)
+            with config.override(amax=cfg):
+                t = bench(lambda: kernels.group_hadamard_amax(x, sizes))
+            print(f"  sweep amax {cfg}: {t*1e6:.1f} us {100*2*n/t/bw_copy:.1f}% of copy", flush=True)
+            log.append(dict(sweep="amax", cfg=str(cfg), us=t * 1e6))
+        with open(os.path.join(args.out, "bench_quantize.json"), "w") as f:
+            json.dump(dict(rows=rows, log=log, device=torch.cuda.get_device_name()), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
