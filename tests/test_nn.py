@@ -347,3 +347,33 @@ def test_recipe_all_off_runs(case: Case):
     # without SR, two runs are identical whatever the seed
     again = _run(nv.grouped_mlp, case, inputs, seed=999, recipe=recipe)
     _assert_bitwise(again, out, "SR off, another seed")
+
+
+# ---------------------------------------------------------------------------------------
+# Edge inputs: no tokens at all, all-zero activations
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=str)
+def test_zero_tokens(case: Case):
+    """T = 0 (every group empty): Y is (0, H), every weight gradient exactly zero, and the
+    fused pair agrees with the eager chain."""
+    zero = Case(case.activation, case.clamp, case.with_probs, sizes=(0, 0, 0, 0))
+    x, w1, w2, _, _, _ = _inputs(case, 11)
+    gs = torch.zeros(G, dtype=torch.int64)
+    probs = torch.rand(0) if case.with_probs else None
+    inputs = (x[:0], w1, w2, gs, probs, torch.zeros(0, H, dtype=torch.bfloat16))
+    eager = _run(nv.grouped_mlp, zero, inputs, seed=1)
+    assert eager[0].shape == (0, H) and eager[1].shape == (0, H)
+    assert bool((eager[2] == 0).all()) and bool((eager[3] == 0).all())
+    _assert_bitwise(_run(fused_grouped_mlp, zero, inputs, seed=1, recipe=nv.Recipe(), recompute=True), eager,
+                    "T = 0, fused vs eager")
+
+
+def test_all_zero_input():
+    """x = 0: every amax is 0 (S_enc = 1 by SPEC 2.1), so Y = 0 and gradients stay finite."""
+    case = CASES[0]
+    x, w1, w2, gs, probs, dy = _inputs(case, 12)
+    out = _run(nv.grouped_mlp, case, (torch.zeros_like(x), w1, w2, gs, probs, dy), seed=2)
+    assert bool((out[0] == 0).all())
+    for name, t in zip(("dX", "dW1", "dW2", "dprobs"), out[1:]):
+        assert bool(torch.isfinite(t).all()), f"{name}: non-finite"

@@ -149,6 +149,7 @@ GROUP_CASES = [
     GCase(UNEVEN, columnwise=False, rht=False),
     GCase((16, 32, 0, 16), k=64, sign_mask=0),  # aligned sizes, mask 0 (plain H/4)
     GCase((0, 64, 0, 0), k=48),  # all tokens in one group
+    GCase((0, 0, 0, 0)),  # zero-size: no tokens at all (a rank that received none)
 ]
 GROUP_GIVEN_AMAX = GCase(UNEVEN, given_amax=True)
 
