@@ -74,7 +74,9 @@ class ExplainReport:
             out.append("\nnot rewritten (run as stock Inductor would):")
             out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
         if self.graph_breaks:
-            out.append("\ngraph breaks (code after a break runs outside the compiled graph, unrewritten):")
+            out.append("\ngraph breaks: Dynamo split the code, and what runs between the graphs is not compiled. "
+                       "An expert loop broken this way (e.g. per-expert torch.where/nonzero on the routing) "
+                       "runs its experts outside any graph, so they cannot be rewritten:")
             out.extend(f"  - {b}" for b in self.graph_breaks)
         return "\n".join(out)
 
@@ -128,7 +130,9 @@ def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     torch._dynamo.reset()
     torch.compile(fn, backend=recording_backend)(*args, **kwargs)
     torch._dynamo.reset()
-    breaks = [_describe_break(b) for b in torch._dynamo.explain(fn)(*args, **kwargs).break_reasons]
+    dynamo = torch._dynamo.explain(fn)(*args, **kwargs)
+    breaks = [_describe_break(b) for b in dynamo.break_reasons]
+    breaks += ["(reason not recorded by Dynamo)"] * max(0, dynamo.graph_break_count - len(breaks))
     torch._dynamo.reset()
     return ExplainReport(reports, rejected, breaks, graphs)
 

@@ -73,7 +73,13 @@ class _GroupedMLPChain(torch.autograd.Function):
         return dx, dw1, dw2, None, dprobs, None, None, None
 
 
-@torch.compiler.allow_in_graph  # one graph node under Dynamo: the backend's match_grouped_mlp anchor
+@torch.compiler.allow_in_graph
+def grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale, recipe):
+    """The eager chain as ONE node of a Dynamo graph (allowed in the graph): the anchor the
+    backend's ``match_grouped_mlp`` rewrites. Arguments already validated."""
+    return _GroupedMLPChain.apply(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe)
+
+
 def grouped_mlp(
     x: torch.Tensor,
     fc1_weight: torch.Tensor,
@@ -93,10 +99,11 @@ def grouped_mlp(
     activation: "srelu" | "tanh_srelu" (needs tanh_clamp_scale) | "swiglu".
     Returns (T, H) bf16. Differentiable in x, both weights and probs.
     """
+    # Traced by Dynamo (outside the graph node), so a bad input raises this ValueError in
+    # compiled runs too, not an error wrapped by fake-tensor propagation.
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
-    return _GroupedMLPChain.apply(
-        x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe or Recipe()
-    )
+    return grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
+                            tanh_clamp_scale=tanh_clamp_scale, recipe=recipe or Recipe())
 
 
 class GroupedMLP(nn.Module):

@@ -261,3 +261,45 @@ def test_explain_reports_sites_rejections_and_saved_bytes():
     report = nv.explain(mlp, *_with_grad(args))
     assert len(report.sites) == 1 and report.sites[0].saved_bytes > 0
     assert any("amax" in step for step in report.sites[0].forward_steps)
+
+
+def test_counters_count_sites_and_rejections():
+    torch._dynamo.utils.counters.clear()
+    torch._dynamo.reset()
+    model = GroupedMM("gelu")
+    torch.compile(model, backend=nv.backend(compiler="aot_eager"))(*model.inputs(0))
+    model = GroupedMM("srelu_pow")
+    torch.compile(model, backend=nv.backend(compiler="aot_eager"))(*model.inputs(0))
+    counts = torch._dynamo.utils.counters
+    assert counts["nvfp4"]["sites_rewritten"] == 1 and counts["nvfp4"]["sites_rejected"] == 1
+    assert counts["nvfp4_rewritten_by_spelling"]["grouped_mm"] == 1
+
+
+def test_explain_says_when_experts_run_outside_the_graph():
+    from moe_models import MixtralEagerExperts, G, H
+
+    model = MixtralEagerExperts()
+    hidden = torch.randn(32, H, dtype=torch.bfloat16)
+    report = nv.explain(model, hidden, torch.randint(0, G, (32, 2)), torch.rand(32, 2, dtype=torch.bfloat16))
+    assert report.sites == [] and report.graph_breaks
+    assert "outside any graph" in str(report)
+
+
+def test_rest_of_a_mixed_model_matches_stock_inductor_bitwise():
+    """Two MoE layers between attention, norms and residuals: with the blocks run by the
+    eager NVFP4 chain and everything else by stock Inductor on one side, and the nvfp4
+    backend on the other, every output and gradient is bitwise equal."""
+    from moe_models import TwoLayerModel
+
+    torch.manual_seed(0)
+    model = TwoLayerModel()
+    report = nv.compare(model, *_with_grad(model.inputs(0)), surroundings="inductor")
+    assert report.bitwise, str(report)
+    assert len(report.rows) > 10
+
+
+def test_compiled_grouped_mlp_with_fp32_input_raises_value_error():
+    mlp, (x, sizes, p) = _grouped_mlp_model("srelu", probs=True)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="x must have dtype bfloat16"):
+        torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x.float(), sizes, p)

@@ -387,16 +387,16 @@ def test_routing_change_does_not_recompile(case):
 
 
 def test_grouped_mlp_module_contract():
-    """The node contract of nvfp4_inductor.nn.grouped_mlp: one call_function node with args
+    """The node contract of nvfp4_inductor.nn.grouped_mlp_call: one call_function node with args
     (x, fc1_weight, fc2_weight, group_sizes, probs) and keyword activation /
     tanh_clamp_scale / recipe; built by hand, fake values from FakeTensorProp."""
-    nv_nn = pytest.importorskip("nvfp4_inductor.nn", reason="nvfp4_inductor/nn.py (grouped_mlp) is missing")
+    import nvfp4_inductor.nn as nv_nn
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     graph = torch.fx.Graph()
     x, w1, w2, sizes, probs = (graph.placeholder(n) for n in ("x", "w1", "w2", "sizes", "probs"))
-    y = graph.call_function(nv_nn.grouped_mlp, (x, w1, w2, sizes, probs),
+    y = graph.call_function(nv_nn.grouped_mlp_call, (x, w1, w2, sizes, probs),
                             {"activation": "tanh_srelu", "tanh_clamp_scale": mm.TANH_S, "recipe": None})
     graph.output(graph.call_function(operator.add, (y, x)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
@@ -408,18 +408,17 @@ def test_grouped_mlp_module_contract():
     assert [(s.spelling, s.activation, s.tanh_clamp_scale, s.probs is not None) for s in sites] == \
         [("grouped_mlp_module", "tanh_srelu", mm.TANH_S, True)]
     rewrite_sites(gm, sites, make_call=reference_make_call)
-    assert calls_of(gm, nv_nn.grouped_mlp) == 0 and calls_of(gm, reference_make_call) == 1
+    assert calls_of(gm, nv_nn.grouped_mlp_call) == 0 and calls_of(gm, reference_make_call) == 1
     assert_bf16_close(gm(*inputs), reference_make_call(*inputs, activation="tanh_srelu",
                                                        tanh_clamp_scale=mm.TANH_S) + inputs[0])
 
 
 def test_grouped_mlp_module_in_dynamo_graph():
-    nv_nn = pytest.importorskip("nvfp4_inductor.nn", reason="nvfp4_inductor/nn.py (grouped_mlp) is missing")
+    import nvfp4_inductor.nn as nv_nn
+
     module = nv_nn.GroupedMLP(mm.G, mm.H, mm.FF, activation="srelu")
-    graphs = capture(module, (mm._x(0, mm.T, mm.H), mm._sizes(0)), fullgraph=False)
-    if not any(calls_of(c.gm, nv_nn.grouped_mlp) for c in graphs):
-        pytest.skip("nvfp4_inductor.nn.grouped_mlp is traced into by Dynamo, not kept as one "
-                    "call_function node (its allow_in_graph contract is not in nvfp4_inductor/nn.py yet)")
+    graphs = capture(module, (mm._x(0, mm.T, mm.H), mm._sizes(0)), fullgraph=True)
+    assert sum(calls_of(c.gm, nv_nn.grouped_mlp_call) for c in graphs) == 1
     sites = [s for c in graphs for s in find_sites(c.gm)[0]]
     assert [(s.spelling, s.activation) for s in sites] == [("grouped_mlp_module", "srelu")]
 

@@ -18,6 +18,7 @@ import functools
 from typing import Optional
 
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ..lowerings import SiteSpec, choose_plan
@@ -101,11 +102,18 @@ def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
     """Find and rewrite every site in place; returns what was done. `site_call(options)`
-    makes each site's callable (default: the fused NVFP4 ops)."""
+    makes each site's callable (default: the fused NVFP4 ops). Counts graphs, sites and
+    rejections in ``torch._dynamo.utils.counters["nvfp4"]`` (and per spelling)."""
     sites, rejections = find_sites(gm)
     device = example_device(gm)
     record = CompiledGraphRecord([], [], rejections, options)
+    counters["nvfp4"]["graphs"] += 1
+    counters["nvfp4"]["sites_rewritten"] += len(sites)
+    counters["nvfp4"]["sites_rejected"] += len(rejections)
+    for rejection in rejections:
+        counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
     for site in sites:
+        counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
         site_options = _site_options(site, options)
         call = (site_call or _site_call)(site_options)
         rewrite_sites(gm, [site], make_call=call)

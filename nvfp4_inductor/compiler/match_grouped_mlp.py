@@ -1,10 +1,11 @@
 """This package's own grouped MLP, already one call in the Dynamo graph.
 
-Matched node (``nvfp4_inductor.nn.grouped_mlp`` is allowed in the graph, so Dynamo keeps
+Matched node (``grouped_mlp`` validates its arguments, then calls
+``nvfp4_inductor.nn.grouped_mlp_call``, which is allowed in the graph, so Dynamo keeps
 ``GroupedMLP`` / ``grouped_mlp`` as one call_function node)::
 
-    y = nvfp4_inductor.nn.grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs,
-                                      activation=..., tanh_clamp_scale=..., recipe=...)
+    y = nvfp4_inductor.nn.grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs,
+                                           activation=..., tanh_clamp_scale=..., recipe=...)
 
 Its operands are already canonical (x (T, H), W1 (G, F1, H), W2 (G, H, F), group sizes
 (G,), probs (T,) or None). Replacement: ``make_call`` with the same operands. The
@@ -28,7 +29,7 @@ MODULE = "nvfp4_inductor.nn"
 def _grouped_mlp_fn():
     """The function to look for; when its module was never imported no graph holds it."""
     module = sys.modules.get(MODULE)
-    return getattr(module, "grouped_mlp", None)
+    return getattr(module, "grouped_mlp_call", None)
 
 
 def find_grouped_mlp(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
