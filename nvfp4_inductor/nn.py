@@ -77,7 +77,9 @@ class _GroupedMLPChain(torch.autograd.Function):
 def grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale, recipe):
     """The eager chain as ONE node of a Dynamo graph (allowed in the graph): the anchor the
     backend's ``match_grouped_mlp`` rewrites. Arguments already validated."""
-    return _GroupedMLPChain.apply(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe)
+    return _GroupedMLPChain.apply(
+        x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe or Recipe()
+    )
 
 
 def grouped_mlp(
