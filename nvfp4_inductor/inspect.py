@@ -39,8 +39,8 @@ class SiteReport:
     activation: str
     target: str
     reason: str
-    forward_steps: list[str]
-    backward_steps: list[str]
+    forward_steps: list[tuple[str, str]]  # (step, function that runs it)
+    backward_steps: list[tuple[str, str]]
     saved: list[tuple[str, str, tuple, int]]  # (name, dtype, shape, bytes)
 
     @property
@@ -66,8 +66,8 @@ class ExplainReport:
             ))
             for i, s in enumerate(self.sites):
                 out.append(f"\nsite {i}: {s.reason}")
-                out.append("  forward : " + " | ".join(s.forward_steps))
-                out.append("  backward: " + " | ".join(s.backward_steps))
+                out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
+                out.append(format_table(["backward step", "runs"], [list(step) for step in s.backward_steps]))
                 out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
                                         [[n, d, "x".join(map(str, sh)), _bytes(b)] for n, d, sh, b in s.saved]))
         if self.rejected:
@@ -101,11 +101,9 @@ def _site_report(site, plan, call_node, options: BackendOptions, device) -> Site
         for name, t in saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation,
                                           recompute=options.recompute)
     ]
-    fwd, bwd = describe_steps(recompute=options.recompute, fused_amax=plan.fused_amax, rht=options.recipe.rht,
-                              stochastic_rounding=options.recipe.stochastic_rounding)
-    kernels = lowering_for_device(device).name
-    return SiteReport(site.location, site.spelling, site.activation, f"{plan.target} ({kernels})", plan.reason,
-                      fwd, bwd, saved)
+    fwd, bwd = describe_steps(lowering_for_device(device), recompute=options.recompute, fused_amax=plan.fused_amax,
+                              rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
+    return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved)
 
 
 def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, **kwargs) -> ExplainReport:

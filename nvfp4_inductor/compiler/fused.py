@@ -211,31 +211,37 @@ def fused_grouped_mlp(
     return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute)[0]
 
 
-def describe_steps(*, recompute: bool, fused_amax: bool, rht: bool, stochastic_rounding: bool):
-    """The steps each fused op runs, in order, for ``explain`` (kept beside the ops they
-    describe). Returns (forward steps, backward steps)."""
+def describe_steps(lowering, *, recompute: bool, fused_amax: bool, rht: bool, stochastic_rounding: bool):
+    """The steps each fused op runs, in order, each with the function that runs it, for
+    ``explain`` (kept beside the ops they describe). Returns (forward, backward) lists."""
     col = "col RHT" if rht else "col"
     sr = ", SR" if stochastic_rounding else ""
-    d_amax = "fc1 epilogue (pre/post-RHT amax of D)" if fused_amax else "group_hadamard_amax(D): pre+post-RHT amax, one pass"
+    d_amax = [("D's pre/post-RHT amax from the fc1 epilogue", None)] if fused_amax else [
+        ("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
-        f"group_quantize(x): row + {col}",
-        "quantize_weights(W1), quantize_weights(W2): row + col",
-        "grouped_gemm fc1 -> C (saved)",
-        "activation(C, p) -> D",
-        *([d_amax, "group_quantize(D): row only, supplied amax"] if recompute else [f"group_quantize(D): row + {col}"]),
-        "grouped_gemm fc2 -> Y",
+        (f"quantize x: row + {col}", "group_quantize"),
+        ("quantize W1, W2: row + col", "quantize_weights"),
+        ("fc1 GEMM -> C (saved)", "grouped_gemm"),
+        ("activation(C) * p -> D", "activation_forward"),
+        *(d_amax + [("quantize D: row only, given amax", "group_quantize")] if recompute
+          else [(f"quantize D: row + {col}", "group_quantize")]),
+        ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
     backward = [
-        f"group_quantize(dY): row + {col}{sr}",
-        "grouped_gemm dgrad fc2 -> G",
-        "activation_backward(G, C, p) -> dC, dp" + (", D regenerated" if recompute else ""),
-        *([f"group_quantize(D): {col} only, saved amax (no amax pass)"] if recompute else []),
-        "grouped_gemm_wgrad -> dW2",
-        f"group_quantize(dC): row + {col}{sr}",
-        "grouped_gemm dgrad fc1 -> dX",
-        "grouped_gemm_wgrad -> dW1",
+        (f"quantize dY: row + {col}{sr}", "group_quantize"),
+        ("fc2 dgrad -> G", "grouped_gemm"),
+        ("activation backward -> dC, dp" + (", D regenerated" if recompute else ""), "activation_backward"),
+        *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
+        ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
+        (f"quantize dC: row + {col}{sr}", "group_quantize"),
+        ("fc1 dgrad -> dX", "grouped_gemm"),
+        ("fc1 wgrad -> dW1", "grouped_gemm_wgrad"),
     ]
-    return forward, backward
+
+    def named(steps):
+        return [(text, lowering.runs(step) if step else "fused") for text, step in steps]
+
+    return named(forward), named(backward)
 
 
 def saved_for_backward(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation: str,

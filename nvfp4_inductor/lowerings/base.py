@@ -25,7 +25,11 @@ class Lowering:
     grouped_gemm_wgrad: Callable  # numerics.grouped_gemm_wgrad_torch
     activation_forward: Callable  # activations.activation_forward
     activation_backward: Callable  # activations.activation_backward
-    kernel_names: dict  # step -> what runs it, for `explain`
+
+    def runs(self, step: str) -> str:
+        """What runs `step` (a field name), e.g. 'numerics.group_quantize_torch', for explain."""
+        fn = getattr(self, step)
+        return f"{fn.__module__.removeprefix('nvfp4_inductor.')}.{fn.__qualname__}"
 
 
 def lowering_for_device(device: torch.device) -> Lowering:

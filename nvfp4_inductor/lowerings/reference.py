@@ -19,13 +19,4 @@ REFERENCE = Lowering(
     grouped_gemm_wgrad=numerics.grouped_gemm_wgrad_torch,
     activation_forward=activation_forward,
     activation_backward=activation_backward,
-    kernel_names={
-        "quantize": "numerics.group_quantize_torch",
-        "amax": "numerics.group_hadamard_amax_torch",
-        "weights": "numerics.quantize_weights_torch",
-        "gemm": "numerics.grouped_gemm_torch (fp32 _grouped_mm of deq values)",
-        "wgrad": "numerics.grouped_gemm_wgrad_torch",
-        "act": "activations.activation_forward",
-        "act_bwd": "activations.activation_backward",
-    },
 )
