@@ -1,0 +1,69 @@
+"""The compiled path on a GPU (`pytest -m gpu` on the H200): compiled == eager bitwise,
+recompute on == off bitwise, two identical runs identical, for every activation with
+stochastic rounding on and off, at shapes that fill the machine a little."""
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.lowerings import lowering_for_device
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+EXPERTS, HIDDEN, FFN, TOKENS = 8, 512, 256, 4096
+
+
+def _model(activation, seed=0):
+    torch.manual_seed(seed)
+    clamp = 4.0 if activation == "tanh_srelu" else None
+    mlp = nv.GroupedMLP(EXPERTS, HIDDEN, FFN, activation, clamp, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(TOKENS, HIDDEN, device="cuda", generator=gen).bfloat16().requires_grad_()
+    ids = torch.randint(0, EXPERTS, (TOKENS,), device="cuda", generator=gen)
+    sizes = torch.bincount(ids, minlength=EXPERTS)
+    sizes[3] = 0  # an empty expert
+    sizes[4] += TOKENS - int(sizes.sum())
+    probs = torch.rand(TOKENS, device="cuda", generator=gen).requires_grad_()
+    return mlp, (x, sizes, probs)
+
+
+def test_cuda_runs_the_expected_lowering():
+    print("CUDA lowering:", lowering_for_device(torch.device("cuda")).name)
+
+
+@pytest.mark.parametrize("stochastic_rounding", [True, False], ids=["sr", "rne"])
+@pytest.mark.parametrize("activation", ["srelu", "tanh_srelu", "swiglu"])
+def test_compiled_equals_eager_on_gpu(activation, stochastic_rounding):
+    mlp, args = _model(activation)
+    mlp.recipe = nv.Recipe(stochastic_rounding=stochastic_rounding)
+    report = nv.compare(mlp, *args)
+    assert report.bitwise, str(report)
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_recompute_on_equals_off_on_gpu(activation):
+    mlp, args = _model(activation)
+    runs = []
+    for recompute in (True, False):
+        torch._dynamo.reset()
+        torch.manual_seed(7)
+        step = torch.compile(mlp, backend=nv.backend(recompute=recompute))
+        y = step(*args)
+        grads = torch.autograd.grad(y, (args[0], mlp.fc1_weight, mlp.fc2_weight, args[2]), torch.ones_like(y))
+        runs.append((y, *grads))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_two_identical_runs_are_identical_on_gpu():
+    mlp, args = _model("swiglu")
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        y = mlp(*args)
+        outs.append((y, *torch.autograd.grad(y, (args[0], mlp.fc1_weight), torch.ones_like(y))))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
