@@ -1,0 +1,168 @@
+"""Question: how fast and how lean is NVFP4 grouped-MLP training (forward + backward)
+compared with BF16, per implementation, at the issue's shapes?
+
+Rows (one process, one GPU): BF16 torch.compile of a torch._grouped_mm MLP (the baseline,
+1.00); stock torch.compile of a fake-quant NVFP4 chain in plain PyTorch ops; our eager
+NVFP4 (op by op); our compiled NVFP4, recompute on and off. Columns: forward+backward time
+relative to the baseline, TFLOP/s (6 * T * H * F1' flops per GEMM trio, counted the same
+for every row), peak memory, bytes saved for backward (unique storages, via
+saved_tensors_hooks). Times: triton.testing.do_bench median after warm-up, random data.
+
+    python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import numerics
+from nvfp4_inductor.inspect import format_table
+
+SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
+    "S1": (8, 16384, 4096, 2048, False),
+    "S2": (8, 65536, 4096, 4096, False),
+    "S3": (32, 32768, 2048, 768, True),
+}
+
+
+def routing(experts, tokens, uneven, device):
+    gen = torch.Generator(device=device).manual_seed(0)
+    weights = torch.rand(experts, device=device, generator=gen) ** (3 if uneven else 0)
+    ids = torch.multinomial(weights, tokens, replacement=True, generator=gen)
+    return torch.bincount(ids, minlength=experts)
+
+
+def activation_fn(name, h):
+    if name == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return torch.relu(h) ** 2
+
+
+def bf16_mlp(activation):
+    def run(x, w1, w2, sizes, probs):
+        offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+        d = (activation_fn(activation, h.float()) * probs[:, None]).bfloat16()
+        return torch._grouped_mm(d, w2.transpose(-2, -1), offs=offs)
+
+    return run
+
+
+def fake_quant(t, group_sizes=None):
+    """Quantize-dequantize with the NVFP4 scale chain (row-wise, per-group amax), no RHT/SR."""
+    if group_sizes is None:  # weights: per expert, 16x16 tiles
+        g, n, k = t.shape
+        amax = t.abs().amax(dim=(1, 2)).float().repeat_interleave(n).unsqueeze(1)
+        data, scale = numerics.quantize_rows(t.reshape(g * n, k), amax, block_2d=True)
+        return nv.tensor.dequantize_blocks(data, scale, amax).reshape(g, n, k).bfloat16()
+    group_of_row, *_ = numerics.group_layout(group_sizes, t.shape[0])
+    amax = numerics.group_amax(t, group_of_row, group_sizes.numel())[group_of_row].unsqueeze(1)
+    data, scale = numerics.quantize_rows(t, amax)
+    return nv.tensor.dequantize_blocks(data, scale, amax).bfloat16()
+
+
+class _FakeQuant(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, group_sizes):
+        return fake_quant(t, group_sizes)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None  # straight-through
+
+
+def fake_quant_mlp(activation):
+    def run(x, w1, w2, sizes, probs):
+        offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+        h = torch._grouped_mm(_FakeQuant.apply(x, sizes), _FakeQuant.apply(w1, None).transpose(-2, -1), offs=offs)
+        d = (activation_fn(activation, h.float()) * probs[:, None]).bfloat16()
+        return torch._grouped_mm(_FakeQuant.apply(d, sizes), _FakeQuant.apply(w2, None).transpose(-2, -1), offs=offs)
+
+    return run
+
+
+def nvfp4_mlp(activation):
+    def run(x, w1, w2, sizes, probs):
+        return nv.grouped_mlp(x, w1, w2, sizes, probs, activation=activation)
+
+    return run
+
+
+def saved_bytes(fn, args) -> int:
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(storages.values())
+
+
+def measure(fn, args, grad):
+    from triton.testing import do_bench
+
+    def step():
+        y = fn(*args)
+        torch.autograd.grad(y, (args[0], args[1], args[2], args[4]), grad)
+
+    step()  # compile / warm up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    peak = torch.cuda.max_memory_allocated() - base
+    ms = do_bench(step, warmup=50, rep=300, return_mode="median")
+    return ms, peak, saved_bytes(fn, args)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
+    args_ns = parser.parse_args()
+    device = "cuda"
+    rows = []
+    for shape in args_ns.shapes:
+        experts, tokens, hidden, ffn, uneven = SHAPES[shape]
+        for activation in args_ns.activations:
+            f1 = 2 * ffn if activation == "swiglu" else ffn
+            sizes = routing(experts, tokens, uneven, device)
+            x = torch.randn(tokens, hidden, device=device).bfloat16().requires_grad_()
+            w1 = (torch.randn(experts, f1, hidden, device=device) * hidden**-0.5).bfloat16().requires_grad_()
+            w2 = (torch.randn(experts, hidden, ffn, device=device) * ffn**-0.5).bfloat16().requires_grad_()
+            probs = torch.rand(tokens, device=device).requires_grad_()
+            grad = torch.randn(tokens, hidden, device=device).bfloat16()
+            flops = 3 * 2 * tokens * hidden * (f1 + ffn)  # fwd + dgrad + wgrad of both GEMMs
+            variants = {
+                "bf16 compiled (baseline)": torch.compile(bf16_mlp(activation)),
+                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(activation)),
+                "nvfp4 eager": nvfp4_mlp(activation),
+                "nvfp4 compiled, recompute": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True)),
+                "nvfp4 compiled, save D": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False)),
+            }
+            base_ms = base_saved = None
+            for name, fn in variants.items():
+                try:
+                    ms, peak, saved = measure(fn, (x, w1, w2, sizes, probs), grad)
+                except Exception as error:  # a failing variant is reported, not hidden
+                    rows.append([shape, activation, name, f"failed: {type(error).__name__}: {error}"[:80]])
+                    continue
+                base_ms = base_ms or ms
+                base_saved = base_saved or saved
+                rows.append([shape, activation, name, f"{ms / base_ms:.2f}", f"{ms:.2f}",
+                             f"{flops / ms / 1e9:.0f}", f"{peak / 2**30:.2f}", f"{saved / 2**20:.0f}",
+                             f"{saved / base_saved:.2f}"])
+            torch._dynamo.reset()
+    print(format_table(["shape", "act", "implementation", "time/bf16", "ms", "TFLOP/s", "peak GiB",
+                        "saved MiB", "saved/bf16"], rows))
+
+
+if __name__ == "__main__":
+    main()
