@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import numerics
+from nvfp4_inductor.formats import dequantize_blocks
 from nvfp4_inductor.inspect import format_table
 
 SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
@@ -59,11 +60,11 @@ def fake_quant(t, group_sizes=None):
         g, n, k = t.shape
         amax = t.abs().amax(dim=(1, 2)).float().repeat_interleave(n).unsqueeze(1)
         data, scale = numerics.quantize_rows(t.reshape(g * n, k), amax, block_2d=True)
-        return nv.tensor.dequantize_blocks(data, scale, amax).reshape(g, n, k).bfloat16()
+        return dequantize_blocks(data, scale, amax).reshape(g, n, k).bfloat16()
     group_of_row, *_ = numerics.group_layout(group_sizes, t.shape[0])
     amax = numerics.group_amax(t, group_of_row, group_sizes.numel())[group_of_row].unsqueeze(1)
     data, scale = numerics.quantize_rows(t, amax)
-    return nv.tensor.dequantize_blocks(data, scale, amax).bfloat16()
+    return dequantize_blocks(data, scale, amax).bfloat16()
 
 
 class _FakeQuant(torch.autograd.Function):
