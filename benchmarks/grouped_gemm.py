@@ -99,6 +99,25 @@ def problems(name, device):
     return calls, baseline, flops, (tokens, hidden, ffn)
 
 
+def dump_compiled(out_dir: str) -> None:
+    """Registers, spills, shared memory and wgmma count of every compiled GEMM variant."""
+    from nvfp4_inductor.kernels import grouped_gemm as fprop_mod, grouped_gemm_wgrad as wgrad_mod
+
+    for name, fn in (("fprop", fprop_mod._grouped_gemm_kernel), ("wgrad", wgrad_mod._grouped_gemm_wgrad_kernel)):
+        try:
+            for cache in fn.device_caches.values():
+                for i, kernel in enumerate(cache[0].values()):
+                    ptx = kernel.asm.get("ptx", "")
+                    c = kernel.metadata.constants if hasattr(kernel.metadata, "constants") else {}
+                    print(f"  compiled {name}[{i}]: regs {kernel.n_regs} spills {kernel.n_spills} "
+                          f"shared {kernel.metadata.shared} wgmma {ptx.count('wgmma.mma_async')} "
+                          f"mma.sync {ptx.count('mma.sync')} warps {kernel.metadata.num_warps}", flush=True)
+                    with open(os.path.join(out_dir, f"{name}_{i}.ttgir"), "w") as f:
+                        f.write(kernel.asm.get("ttgir", ""))
+        except Exception as exc:  # introspection only
+            print(f"  compiled {name}: n/a ({type(exc).__name__}: {exc})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -150,6 +169,7 @@ def main() -> None:
                 print(f"{name} {which}: {rows[-1]}", flush=True)
             del calls, baseline
             torch.cuda.empty_cache()
+    dump_compiled(args.out)
     log["dense_tflops"] = dense_rate / 1e12
     log["rows"] = rows
     os.makedirs(args.out, exist_ok=True)
