@@ -112,7 +112,8 @@ def dump_compiled(out_dir: str) -> None:
                     print(f"  compiled {name}[{i}]: regs {kernel.n_regs} spills {kernel.n_spills} "
                           f"shared {kernel.metadata.shared} wgmma {ptx.count('wgmma.mma_async')} "
                           f"mma.sync {ptx.count('mma.sync')} warps {kernel.metadata.num_warps}", flush=True)
-                    with open(os.path.join(out_dir, f"{name}_{i}.ttgir"), "w") as f:
+                    with open(os.path.join(out_dir, f"{name}.ttgir"), "a") as f:
+                        f.write(f"// ===== variant {i}: regs {kernel.n_regs} spills {kernel.n_spills}\n")
                         f.write(kernel.asm.get("ttgir", ""))
         except Exception as exc:  # introspection only
             print(f"  compiled {name}: n/a ({type(exc).__name__}: {exc})")
