@@ -60,7 +60,7 @@ def e4m3_encode_nonneg(s):
     # RNE on the 20 dropped mantissa bits; a carry moves into the exponent; rebias 127 -> 7
     normal = ((ab + 0x7FFFF + lsb) >> 20) - ((127 - 7) << 3)
     # subnormals: a * 512 is exact, the 2**23 add rounds it to an integer, ties to even
-    subnormal = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    subnormal = (a * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # mantissa = the integer
     return tl.where(a < 0.015625, subnormal, normal)
 
 
@@ -100,38 +100,38 @@ def e2m1_rne(v):
                 mantissa to 1 bit (add 0x1FFFFF + lsb, drop 22 bits; a carry bumps the
                 exponent) and rebias: code = (exponent << 1 | mantissa) - (126 << 1);
       |v| < 1:  codes 0, 1, 2 are 0, 0.5, 1: code = RNE(|v| * 2) (exact product, the
-                2**23 add rounds ties to even)."""
+                2**23 add rounds ties to even; read back from the sum's mantissa bits)."""
     a = tl.abs(v)
     ab = a.to(tl.int32, bitcast=True)
     normal = ((ab + 0x1FFFFF + ((ab >> 22) & 1)) >> 22) - 252
-    small = ((a * 2.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    # a * 2 + 2**23 is exact-then-RNE; its low mantissa bits are the integer (no F2I)
+    small = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
     code = tl.where(a < 1.0, small, normal)
     return code | tl.where(v < 0.0, 8, 0)
 
 
 @triton.jit
 def e2m1_stochastic(v, rbyte):
-    """fp32 v in [-6, 6], random byte (int32 0..255) -> E2M1 code (int32)
-    (numerics.e2m1_round_stochastic): up iff (|v| - lo) * 256 / (hi - lo) > r + 0.5."""
+    """fp32 v in [-6, 6], random byte (int32 0..255) -> E2M1 code (int32); the same codes
+    as numerics.e2m1_round_stochastic: |v| between grid neighbours lo < hi rounds up iff
+    (|v| - lo) * 256 / (hi - lo) > r + 0.5. That product is exact, and read off the bits:
+      |v| >= 1:       lo = |v| with its mantissa cut to 1 bit, code (bits >> 22) - 252, and
+                      (|v| - lo) * 256 / (hi - lo) = (the 22 dropped bits) * 2**-14, so
+                      up iff dropped > r * 2**14 + 2**13 (integers);
+      0.5 <= |v| < 1: lo = 0.5 (code 1), (|v| - 0.5) * 512 = mantissa * 2**-15:
+                      up iff mantissa > r * 2**15 + 2**14;
+      |v| < 0.5:      lo = 0 (code 0): up iff |v| * 512 > r + 0.5 (exact in fp32)."""
     a = tl.abs(v)
-    lo_code = (
-        (a >= 0.5).to(tl.int32)
-        + (a >= 1.0).to(tl.int32)
-        + (a >= 1.5).to(tl.int32)
-        + (a >= 2.0).to(tl.int32)
-        + (a >= 3.0).to(tl.int32)
-        + (a >= 4.0).to(tl.int32)
-        + (a >= 6.0).to(tl.int32)
+    ab = a.to(tl.int32, bitcast=True)
+    up_hi = (ab & 0x3FFFFF) > (rbyte << 14) + 8192
+    up_mid = (ab & 0x7FFFFF) > (rbyte << 15) + 16384
+    up_lo = a * 512.0 > rbyte.to(tl.float32) + 0.5
+    code = tl.where(
+        a >= 1.0,
+        ((ab >> 22) - 252) + up_hi.to(tl.int32),
+        tl.where(a >= 0.5, 1 + up_mid.to(tl.int32), up_lo.to(tl.int32)),
     )
-    lo = tl.where(
-        a >= 2.0,
-        tl.where(a >= 6.0, 6.0, tl.where(a >= 4.0, 4.0, tl.where(a >= 3.0, 3.0, 2.0))),
-        tl.where(a >= 1.5, 1.5, tl.where(a >= 1.0, 1.0, tl.where(a >= 0.5, 0.5, 0.0))),
-    )
-    # 256 / (hi - lo): steps of 0.5 below 2, 1 below 4, 2 below 6; 0 at 6 (a - lo is 0 there)
-    factor = tl.where(a >= 6.0, 0.0, tl.where(a >= 4.0, 128.0, tl.where(a >= 2.0, 256.0, 512.0)))
-    up = (a - lo) * factor > rbyte.to(tl.float32) + 0.5  # both sides exact in fp32
-    return (lo_code + up.to(tl.int32)) | tl.where(v < 0.0, 8, 0)
+    return code | tl.where(v < 0.0, 8, 0)
 
 
 @triton.jit

@@ -27,7 +27,7 @@ def _group_amax_kernel(
     x_ptr, sizes_ptr, pre_ptr, post_ptr,
     K, G, rows_total,
     PRE: tl.constexpr, POST: tl.constexpr, SIGN_MASK: tl.constexpr,
-    BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -37,7 +37,10 @@ def _group_amax_kernel(
     acc_post = tl.zeros((R, BK), dtype=tl.float32)
     for k0 in range(tl.program_id(1) * BK, K, K_SPLIT * BK):
         ks = k0 + tl.arange(0, BK)
-        k_ok = ks < K
+        if EVEN_K:
+            k_ok = tl.full((BK,), 1, tl.int1)
+        else:
+            k_ok = ks < K
         x0, _src, _ok = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
         x1, _src, _ok = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
         x2, _src, _ok = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
@@ -118,6 +121,6 @@ def group_amax(
         x_ptr=x, sizes_ptr=group_sizes.contiguous(),
         pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=capacity,
         PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
-        BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
+        EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
     return pre_amax, post_amax

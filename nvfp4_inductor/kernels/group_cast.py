@@ -62,7 +62,7 @@ def _row_block_amax(x, R: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row_scale_ptr,
-                   SR: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+                   SR: tl.constexpr, EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     """Quantize R rows (R, BK) in 1x16 blocks of amax `bam` (R, BK/16) and store them."""
     code_s, enc = block_scale(bam, s_enc[:, None], s_dec[:, None])
     v = scale_values(tl.reshape(x, (R, BK // 16, 16)), enc[:, :, None])
@@ -74,10 +74,14 @@ def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row
         codes = e2m1_rne(v)
     lo, hi = tl.split(tl.reshape(codes, (R, BK // 2, 2)))
     kh = k0 // 2 + tl.arange(0, BK // 2)
-    tl.store(row_data_ptr + src[:, None] * (K // 2) + kh[None, :], (lo | (hi << 4)).to(tl.uint8),
-             mask=ok[:, None] & (kh < K // 2)[None, :])
-    tl.store(row_scale_ptr + src[:, None] * (K // 16) + kb[None, :], code_s.to(tl.uint8),
-             mask=ok[:, None] & (kb < K // 16)[None, :])
+    if EVEN_K:  # no column masks: K % BK == 0
+        data_ok = ok[:, None] & tl.full((1, BK // 2), 1, tl.int1)
+        scale_ok = ok[:, None] & tl.full((1, BK // 16), 1, tl.int1)
+    else:
+        data_ok = ok[:, None] & (kh < K // 2)[None, :]
+        scale_ok = ok[:, None] & (kb < K // 16)[None, :]
+    tl.store(row_data_ptr + src[:, None] * (K // 2) + kh[None, :], (lo | (hi << 4)).to(tl.uint8), mask=data_ok)
+    tl.store(row_scale_ptr + src[:, None] * (K // 16) + kb[None, :], code_s.to(tl.uint8), mask=scale_ok)
 
 
 @triton.jit
@@ -95,14 +99,17 @@ def _group_cast_kernel(
     row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr,
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
-    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr,
+    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
     k0 = tl.program_id(1) * BK
     ks = k0 + tl.arange(0, BK)
-    k_ok = ks < K
+    if EVEN_K:
+        k_ok = tl.full((BK,), 1, tl.int1)
+    else:
+        k_ok = ks < K
     g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes_ptr, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
@@ -167,39 +174,39 @@ def _group_cast_kernel(
     if ROWWISE:
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
         if BLOCK_2D:
-            _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x3, tile, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x4, tile, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x5, tile, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x6, tile, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x7, tile, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x8, tile, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x9, tile, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x10, tile, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x11, tile, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x12, tile, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x13, tile, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x14, tile, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x15, tile, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x3, tile, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x4, tile, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x5, tile, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x6, tile, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x7, tile, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x8, tile, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x9, tile, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x10, tile, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x11, tile, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x12, tile, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x13, tile, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x14, tile, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x15, tile, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
         else:
-            _store_rowwise(x0, bam0, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x1, bam1, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x2, bam2, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x3, bam3, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x4, bam4, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x5, bam5, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x6, bam6, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x7, bam7, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x8, bam8, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x9, bam9, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x10, bam10, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x11, bam11, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x12, bam12, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x13, bam13, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x14, bam14, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
-            _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, R, BK)
+            _store_rowwise(x0, bam0, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x1, bam1, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x2, bam2, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x3, bam3, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x4, bam4, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x5, bam5, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x6, bam6, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x7, bam7, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x8, bam8, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x9, bam9, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x10, bam10, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x11, bam11, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x12, bam12, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x13, bam13, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x14, bam14, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
 
     if COLUMNWISE:
         if RHT:
@@ -307,7 +314,7 @@ def group_cast(
     col_scale = alloc(columnwise, *lead, capacity // BLOCK)
     col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
     rows_total = tokens if stacked else capacity
-    cfg = cast_config(rows_total, k, rht=columnwise and rht)
+    cfg = cast_config(rows_total, k, rht=columnwise and rht, sr=stochastic_rounding)
     grid = (max(triton.cdiv(rows_total, cfg.block_m), 1), max(triton.cdiv(k, cfg.block_k), 1))
     if groups == 0:
         return row_data, row_scale, col_data, col_scale, pad_off.zero_()
@@ -321,7 +328,7 @@ def group_cast(
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
-        SR=stochastic_rounding, STACKED=stacked, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(triton.next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
     )
     return row_data, row_scale, col_data, col_scale, pad_off
