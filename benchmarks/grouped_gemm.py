@@ -38,14 +38,10 @@ SHAPES = {
     "S2": (8, 65536, 4096, 4096),
     "S3": (32, 32768, 2048, 768),
 }
-CONFIGS = [  # run 1 (2026 H200): 128x256x64 w8 s4 best; BK=128 with BN=256 spills
-    GemmConfig(128, 256, 64, 8, 4, 0),
-    GemmConfig(128, 256, 64, 8, 3, 0),
+CONFIGS = [  # the 3 best of runs 1-2 (NOTES.md); BK=128 spills with 256-wide tiles
     GemmConfig(256, 128, 64, 8, 3, 0),
+    GemmConfig(128, 256, 64, 8, 3, 0),
     GemmConfig(256, 128, 64, 8, 4, 0),
-    GemmConfig(256, 128, 128, 8, 3, 0),
-    GemmConfig(128, 256, 64, 8, 4, 0, prefetch=True),  # fprop only (wgrad ignores it)
-    GemmConfig(256, 128, 64, 8, 3, 0, prefetch=True),
 ]
 
 
@@ -146,8 +142,6 @@ def main() -> None:
         for kind, which in (("fprop", "fprop"), ("wgrad", "wgrad")):
             timings = []
             for cfg in CONFIGS:
-                if kind == "wgrad" and cfg.prefetch:
-                    continue
                 try:
                     with override_config(**{kind: cfg}):
                         t = bench(calls[which])
