@@ -33,8 +33,22 @@ class Lowering:
 
 
 def lowering_for_device(device: torch.device) -> Lowering:
-    """The lowering that runs on `device`: the pure-PyTorch reference on CPU, and on CUDA
-    too until the Triton target is wired in (it slots in here)."""
+    """The lowering that runs on `device` (SPEC 7): the Triton kernels on CUDA devices of
+    compute capability >= 8.0 when Triton is installed, else the pure-PyTorch reference
+    (always on CPU). Decided at call time, never at import."""
+    if triton_runs_on(device):
+        from .triton import TRITON
+
+        return TRITON
     from .reference import REFERENCE
 
     return REFERENCE
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    from .. import kernels
+
+    return kernels.available(device)

@@ -113,5 +113,7 @@ def choose_plan(
 
 
 def available_targets(device: torch.device) -> set[str]:
-    """Targets whose code is wired in for `device` today."""
-    return {"reference"}
+    """Targets whose code is wired in for `device` today (cuDNN's is not yet)."""
+    from .base import triton_runs_on
+
+    return {"reference"} | ({"triton"} if triton_runs_on(device) else set())

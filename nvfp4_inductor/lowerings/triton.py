@@ -1,0 +1,43 @@
+"""The Triton target (SM80+, tuned on SM90): the kernels of ``nvfp4_inductor.kernels``.
+
+Quantizers are bit-exact twins of the reference. GEMMs feed exact deq() values to 16-bit
+tensor cores with fp32 accumulation (their summation order is the kernel's, so GEMM
+outputs match the reference to fp32-accumulation level, not bit for bit). The
+activation kernels take bf16 C (GEMM outputs); other dtypes (fp64 gradcheck) run the
+reference formulas.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import activations, kernels
+from ..kernels.activation import activation_backward as _act_bwd_kernel
+from ..kernels.activation import activation_forward as _act_fwd_kernel
+from ..kernels.grouped_gemm import grouped_gemm
+from ..kernels.grouped_gemm_wgrad import grouped_gemm_wgrad
+from .base import Lowering
+
+
+def activation_forward(c, probs, activation, tanh_clamp_scale=None):
+    if c.dtype != torch.bfloat16:
+        return activations.activation_forward(c, probs, activation, tanh_clamp_scale)
+    return _act_fwd_kernel(c, probs, activation, tanh_clamp_scale)
+
+
+def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regenerate=False):
+    if c.dtype != torch.bfloat16:
+        return activations.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
+    return _act_bwd_kernel(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
+
+TRITON = Lowering(
+    name="triton",
+    quantize=kernels.quantize,
+    group_quantize=kernels.group_quantize,
+    group_hadamard_amax=kernels.group_hadamard_amax,
+    quantize_weights=kernels.quantize_weights,
+    grouped_gemm=grouped_gemm,
+    grouped_gemm_wgrad=grouped_gemm_wgrad,
+    activation_forward=activation_forward,
+    activation_backward=activation_backward,
+)
