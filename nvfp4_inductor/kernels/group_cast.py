@@ -9,7 +9,8 @@ zero-padded). A program takes BM padded rows x BK columns: R = BM/16 runs of 16 
 Token j of every run is one (R, BK) register tile (x0 .. x15), so the RHT along tokens
 is plain elementwise fp32 math on 16 tiles (``_nvfp4.rht16``), in the pinned order.
 Each run belongs to one group (or to the unused tail past p_G, written as zeros), found
-from the padded offsets on the device: no host sync, one launch for all groups.
+inside the kernel from prefix sums of the group sizes (``_nvfp4.group_of_runs``): no host
+sync, one launch for all groups; program (0, 0) also writes the padded offsets p_0..p_G.
 
     padded rows  | r0 ............................. r0+BM |
     runs         | run 0 (16 rows) | run 1 | ... | run R-1 |
@@ -23,6 +24,9 @@ column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity).
 Stacked layout (STACKED, used by ``quantize_weights``): the input is a (G*N, K) stack of
 G groups of N rows; the column-wise copy of group g goes to [g, :, :] of (G, K, N/2)
 instead of the shared (K, P/2) matrix.
+
+Tiles: ``config.cast_config`` (no tile choice changes a bit). EVEN_K drops the column
+masks when BK divides K.
 
 Philox counters (numerics.sr_random_bytes): row-wise block = src_row * K/16 + k // 16,
 stream 0; column-wise block = k * cap/16 + padded_row // 16, stream 1.
