@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
-from moe_models import BMM, ExpertLoop, GroupedMM
+from moe_models import BMM, ExpertLoop, GroupedMM, HFGroupedMMExperts, SparseMoeBlock
 
 ACTS = ["srelu_pow", "tanh_srelu", "swiglu_chunk"]
 
@@ -34,6 +34,7 @@ def _grouped_mlp_model(activation, probs):
 
 
 SPELLINGS = {
+    "token_permutation": lambda act, prob: SparseMoeBlock(HFGroupedMMExperts(act)),
     "grouped_mm": lambda act, prob: GroupedMM(act, prob=prob and "out"),
     "grouped_mm_in_out": lambda act, prob: GroupedMM(act, prob=prob and "act", layout="in_out"),
     "expert_loop": lambda act, prob: ExpertLoop(act, prob=prob and "act"),
@@ -41,12 +42,14 @@ SPELLINGS = {
 }
 
 
-# The bmm spelling (Llama4-style expert batch) carries no router probability.
+# The bmm spelling (Llama4-style expert batch) carries no router probability; the
+# token-permutation block (Hugging Face's grouped_mm experts behind a router) always does.
+PROBS = {"bmm": (False,), "token_permutation": (True,)}
 PLAIN_CASES = [
     pytest.param(spelling, act, probs, sr, id=f"{spelling}-{act}-{'probs' if probs else 'noprobs'}-{'sr' if sr else 'rne'}")
     for spelling in SPELLINGS
     for act in ACTS
-    for probs in ((False,) if spelling == "bmm" else (True, False))
+    for probs in PROBS.get(spelling, (True, False))
     for sr in (True, False)
 ]
 
