@@ -42,6 +42,7 @@ class SiteReport:
     forward_steps: list[tuple[str, str]]  # (step, function that runs it)
     backward_steps: list[tuple[str, str]]
     saved: list[tuple[str, str, tuple, int]]  # (name, dtype, shape, bytes)
+    specialisation: str = ""  # what Dynamo specialised the site's routing on
 
     @property
     def saved_bytes(self) -> int:
@@ -66,6 +67,8 @@ class ExplainReport:
             ))
             for i, s in enumerate(self.sites):
                 out.append(f"\nsite {i}: {s.reason}")
+                if s.specialisation:
+                    out.append(f"routing: {s.specialisation}")
                 out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
                 out.append(format_table(["backward step", "runs"], [list(step) for step in s.backward_steps]))
                 out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
@@ -103,7 +106,27 @@ def _site_report(site, plan, call_node, options: BackendOptions, device) -> Site
     ]
     fwd, bwd = describe_steps(lowering_for_device(device), recompute=options.recompute, fused_amax=plan.fused_amax,
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
-    return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved)
+    return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
+                      _specialisation(site))
+
+
+def _specialisation(site) -> str:
+    """What Dynamo specialised on for the site's group sizes (the expert loop's split
+    sizes are Python values Dynamo guards on; tensor spellings keep them on the device)."""
+    sizes = site.group_sizes
+    if sizes.kind in ("offsets", "sizes") and site.spelling != "expert_loop":
+        return "group sizes stay a device tensor: new routing, same T -> no recompile"
+    if sizes.kind == "equal":
+        return "equal groups of T/G rows: only T is part of the graph (dynamic after one recompile)"
+    if sizes.kind == "sizes":
+        return ("split sizes are counts[e].item() of a counts tensor (.tolist() under capture_scalar_outputs): "
+                "unbacked SymInts, no recompile on new routing, but the .tolist() syncs the host every step")
+    constants = [s for s in sizes.source if isinstance(s, int)]
+    if len(constants) == len(sizes.source):
+        return (f"Dynamo specialised on the split sizes {tuple(constants)} (Python ints): new routing "
+                "recompiles once, then automatic dynamic shapes turn them into SymInts")
+    return ("split sizes are backed SymInts (automatic dynamic shapes): Dynamo guards only on their "
+            "0/1 specialisation, so new routing rarely recompiles; the sizes still come from the host")
 
 
 def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, **kwargs) -> ExplainReport:

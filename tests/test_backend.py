@@ -312,3 +312,11 @@ def test_compiled_grouped_mlp_with_fp32_input_raises_value_error():
     torch._dynamo.reset()
     with pytest.raises(ValueError, match="x must have dtype bfloat16"):
         torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x.float(), sizes, p)
+
+
+def test_explain_reports_what_an_expert_loop_specialises_on():
+    model = ExpertLoop("srelu_pow")
+    report = nv.explain(model, *model.inputs(0))
+    assert len(report.sites) == 1 and "specialised on the split sizes" in report.sites[0].specialisation
+    mlp, args = _grouped_mlp_model("srelu", probs=False)
+    assert "no recompile" in nv.explain(mlp, *args).sites[0].specialisation
