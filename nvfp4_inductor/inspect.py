@@ -300,7 +300,8 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     surroundings: how the eager side runs the ops outside the expert blocks. "eager"
     (default) is plain eager PyTorch; Inductor may round fused bf16 chains there
     differently from eager (its own behaviour, not this backend's). "inductor" compiles
-    them with stock Inductor on the eager side too, so only the blocks are compared."""
+    them with stock Inductor on the eager side too, so only the blocks are compared.
+    recipe / recompute / compiler: the backend's options for the compiled side."""
     if surroundings not in ("eager", "inductor"):
         raise ValueError(f"surroundings must be 'eager' or 'inductor'; got {surroundings!r}")
     options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
