@@ -70,3 +70,21 @@ def test_two_identical_runs_are_identical_on_gpu():
         outs.append((y, *torch.autograd.grad(y, (args[0], mlp.fc1_weight), torch.ones_like(y))))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_training_step_never_syncs_the_host(compiled):
+    """Routing stays on the device: a whole forward + backward raises under CUDA's
+    sync debug mode if anything (an .item(), a .tolist(), a nonzero) waits for the GPU."""
+    mlp, args = _model("swiglu")
+    step = torch.compile(mlp, backend="nvfp4") if compiled else mlp
+    y = step(*args)  # compile and warm up outside the checked region
+    torch.autograd.grad(y, (args[0], mlp.fc1_weight), torch.ones_like(y))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = step(*args)
+        torch.autograd.grad(y, (args[0], mlp.fc1_weight), torch.ones_like(y))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
