@@ -94,6 +94,34 @@ def store_bf16(ptrs, acc, alpha, mask):
 
 
 @triton.jit
+def tile_table(sizes_ptr, N, G, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The persistent schedule's tile table of all groups, from the (G,) group sizes on the
+    device: group g owns cdiv(m_g, BM) * cdiv(N, BN) tiles. Returns (gi, sizes, m_tiles,
+    n_tiles, tile_end, row_end, total) for ``tile_coords``."""
+    gi = tl.arange(0, BLOCK_G)
+    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int32)
+    m_tiles = tl.cdiv(sizes, BM)
+    n_tiles = tl.cdiv(N, BN)
+    tile_end = tl.cumsum(m_tiles * n_tiles, 0)
+    row_end = tl.cumsum(sizes, 0)
+    total = tl.max(tile_end, 0)
+    return gi, sizes, m_tiles, n_tiles, tile_end, row_end, total
+
+
+@triton.jit
+def tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end):
+    """tile -> (group g, M tile tm, N tile tn, group size, group's first row); M fastest."""
+    g = tl.sum((tile_end <= tile).to(tl.int32), 0)
+    sel = gi == g
+    tile0 = tl.sum(tl.where(sel, tile_end - m_tiles * n_tiles, 0), 0)
+    mt = tl.sum(tl.where(sel, m_tiles, 0), 0)
+    size = tl.sum(tl.where(sel, sizes, 0), 0)
+    row0 = tl.sum(tl.where(sel, row_end - sizes, 0), 0)
+    local = tile - tile0
+    return g, local % mt, local // mt, size, row0
+
+
+@triton.jit
 def _load_deq(a_ptrs, b_ptrs, as_ptrs, bs_ptrs, row_ok, col_ok, kh, kb, k0, K2, K16,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Load one K step of both operands (masked past K: zeros) and dequantize it."""
@@ -119,26 +147,11 @@ def _grouped_gemm_kernel(
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    # tile table of all groups, from the group sizes (device side)
-    gi = tl.arange(0, BLOCK_G)
-    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int32)
-    m_tiles = tl.cdiv(sizes, BM)
-    n_tiles = tl.cdiv(N, BN)
-    tile_end = tl.cumsum(m_tiles * n_tiles, 0)
-    row_end = tl.cumsum(sizes, 0)
-    total = tl.max(tile_end, 0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, N, G, BLOCK_G, BM, BN)
     K2 = K // 2
     K16 = K // 16
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        g = tl.sum((tile_end <= tile).to(tl.int32), 0)
-        sel = gi == g
-        tile0 = tl.sum(tl.where(sel, tile_end - m_tiles * n_tiles, 0), 0)
-        mt = tl.sum(tl.where(sel, m_tiles, 0), 0)
-        size = tl.sum(tl.where(sel, sizes, 0), 0)
-        row0 = tl.sum(tl.where(sel, row_end - sizes, 0), 0)
-        local = tile - tile0
-        tm = local % mt
-        tn = local // mt
+        g, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size

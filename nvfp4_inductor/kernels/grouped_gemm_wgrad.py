@@ -28,24 +28,30 @@ from .grouped_gemm import deq_nibbles, expand_scales, gemm_alpha, gemm_config, n
 
 
 @triton.jit
+def wgrad_tile(tile, offsets_ptr, N, M, BN: tl.constexpr, BM: tl.constexpr):
+    """tile -> (group g, M tile tm, N tile tn, K range [k_start, k_end) of group g): every
+    group owns cdiv(N, BN) * cdiv(M, BM) tiles, M fastest."""
+    m_tiles = tl.cdiv(M, BM)
+    per_group = tl.cdiv(N, BN) * m_tiles
+    g = tile // per_group
+    local = tile % per_group
+    k_start = tl.multiple_of(tl.load(offsets_ptr + g).to(tl.int32), 16)
+    k_end = tl.multiple_of(tl.load(offsets_ptr + g + 1).to(tl.int32), 16)
+    return g, local % m_tiles, local // m_tiles, k_start, k_end
+
+
+@triton.jit
 def _grouped_gemm_wgrad_kernel(
     a_ptr, a_scale_ptr, a_amax_ptr, b_ptr, b_scale_ptr, b_amax_ptr, offsets_ptr, out_ptr,
     N, M, P, G,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    n_tiles = tl.cdiv(N, BN)
-    m_tiles = tl.cdiv(M, BM)
-    per_group = n_tiles * m_tiles
+    per_group = tl.cdiv(N, BN) * tl.cdiv(M, BM)
     P2 = P // 2
     P16 = P // 16
     for tile in tl.range(tl.program_id(0), G * per_group, NUM_PROGRAMS):
-        g = tile // per_group
-        local = tile % per_group
-        tm = local % m_tiles
-        tn = local // m_tiles
-        k_start = tl.multiple_of(tl.load(offsets_ptr + g).to(tl.int32), 16)
-        k_end = tl.multiple_of(tl.load(offsets_ptr + g + 1).to(tl.int32), 16)
+        g, tm, tn, k_start, k_end = wgrad_tile(tile, offsets_ptr, N, M, BN, BM)
         rows_a = tn * BN + tl.arange(0, BN)  # rows of a = output rows (N)
         rows_b = tm * BM + tl.arange(0, BM)  # rows of b = output columns (M)
         a_ok = rows_a < N
