@@ -1,0 +1,330 @@
+"""fc1 forward in one launch: the grouped NVFP4 GEMM with the activation and D's amax in
+its epilogue, bit for bit the unfused chain
+
+    C = kernels.grouped_gemm(a, b_W1)                        (T, F1) bf16, saved for backward
+    D = kernels.activation.activation_forward(C, p, act)     (T, F)  bf16, the fc2 input
+    (pre, post) = kernels.group_hadamard_amax(D, sizes, mask)   (G,) fp32 each
+
+Kernel ``_grouped_gemm_act_kernel``; launcher ``grouped_gemm_act``; op
+``nvfp4_kernels::grouped_gemm_act``. Its reference is that chain (numerics.grouped_gemm_torch,
+activations.activation_forward, numerics.group_hadamard_amax_torch), up to the GEMM's
+fp32 summation order, which is grouped_gemm's (same tile config, same K loop).
+
+Why the bits match:
+* C: the same K loop as ``grouped_gemm`` (``tile_acc`` repeats its body: two dots per K
+  step, low nibbles then high, same BM/BN/BK/warps/stages from ``gemm_config("fprop")``),
+  then bf16((acc * 2**28) * alpha_g) with integer RNE.
+* D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
+  the epilogue can be contracted with anything of the activation) and repeats
+  ``activation._act_fwd_kernel`` operation for operation with its helpers (_relu, _tanh,
+  _sigmoid); then bf16 with integer RNE.
+* pre-RHT amax: max |D| over the tile's valid rows and columns, ``atomic_max`` into the
+  group's slot (fp32 atomic max of non-negative values: order-free, exact).
+* post-RHT amax: the tiles are group-aligned (a tile's rows are its group's local rows
+  tm * BM + [0, BM), BM % 16 == 0), so its runs of 16 tokens are exactly the runs of the
+  group's padded column-wise layout, rows past the group's end reading as zeros. After
+  the tile's D is stored, a CTA barrier, then the tile is read back (L1/L2-hot) as 16
+  token tiles of (BM/16, BC) and transformed by ``_nvfp4.rht16`` -- the very helper and
+  load pattern (``load_token``) of ``group_amax``, so the same bf16 D gives the same bits.
+
+SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
+C that feed them (gate columns j, up columns F + j) in two K loops of grouped_gemm's
+shape; the gate half is held as bf16 bits while the up half accumulates.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._nvfp4 import bf16_round, load_token, rht16, to_float32
+from ._registry import INTERPRET, kernel_op, launch
+from .activation import _SRELU, _SWIGLU, _act_code, _clamp, _relu, _sigmoid, _tanh
+from .grouped_gemm import _UNSCALE, _bits, _load_deq, gemm_alpha, gemm_config, num_programs
+
+# ---------------------------------------------------------------------------------------
+# Device helpers shared with grouped_gemm_dact.py
+
+
+@triton.jit
+def tile_table(sizes_ptr, G, N, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """grouped_gemm's tile table: group g owns cdiv(m_g, BM) * cdiv(N, BN) tiles, M fastest."""
+    gi = tl.arange(0, BLOCK_G)
+    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int32)
+    m_tiles = tl.cdiv(sizes, BM)
+    n_tiles = tl.cdiv(N, BN)
+    tile_end = tl.cumsum(m_tiles * n_tiles, 0)
+    row_end = tl.cumsum(sizes, 0)
+    return gi, sizes, m_tiles, tile_end, row_end
+
+
+@triton.jit
+def locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, N, BN: tl.constexpr):
+    """grouped_gemm's tile -> (group, its size m_g, its first row, M tile, N tile)."""
+    grp = tl.sum((tile_end <= tile).to(tl.int32), 0)
+    sel = gi == grp
+    mt = tl.sum(tl.where(sel, m_tiles, 0), 0)
+    tile0 = tl.sum(tl.where(sel, tile_end, 0), 0) - mt * tl.cdiv(N, BN)
+    size = tl.sum(tl.where(sel, sizes, 0), 0)
+    row0 = tl.sum(tl.where(sel, row_end - sizes, 0), 0)
+    local = tile - tile0
+    return grp, size, row0, local % mt, local // mt
+
+
+@triton.jit
+def tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """The fp32 accumulator of one output tile: grouped_gemm's K loop, step for step."""
+    K2 = K // 2
+    K16 = K // 16
+    kh = tl.arange(0, BK // 2)
+    kb = tl.arange(0, BK // 16)
+    a_ptrs = a_ptr + arow[:, None] * K2 + kh[None, :]
+    b_ptrs = b_ptr + brow[:, None] * K2 + kh[None, :]
+    as_ptrs = a_scale_ptr + arow[:, None] * K16 + kb[None, :]
+    bs_ptrs = b_scale_ptr + brow[:, None] * K16 + kb[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
+        a_lo, a_hi, b_lo, b_hi = _load_deq(a_ptrs, b_ptrs, as_ptrs, bs_ptrs, row_ok, col_ok, kh, kb, k0, K2, K16,
+                                           BM, BN, BK)
+        acc = tl.dot(a_lo, tl.trans(b_lo), acc)
+        acc = tl.dot(a_hi, tl.trans(b_hi), acc)
+        a_ptrs += BK // 2
+        b_ptrs += BK // 2
+        as_ptrs += BK // 16
+        bs_ptrs += BK // 16
+    return acc
+
+
+@triton.jit
+def gemm_out_bits(acc, alpha):
+    """bf16((acc * 2**28) * alpha) as uint16 bits: grouped_gemm.store_bf16's value."""
+    y = bf16_round((acc * _UNSCALE) * alpha)
+    return (y.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+
+
+@triton.jit
+def widen(bits):
+    """uint16 bf16 bits -> the exact fp32 value (integer ops: no contraction across it)."""
+    return (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def store_bits(ptrs, bits, mask):
+    tl.store(ptrs, bits.to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel
+
+
+@triton.jit
+def _post_rht_amax(d_ptr, row0, local_start, size, col0, F, sign_mask,
+                   BM: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    """max |RHT(D^T)| over one stored (BM, BN) tile of D whose rows are its group's local
+    rows local_start + [0, BM): runs of 16 tokens, rows past the group's end as zeros."""
+    R: tl.constexpr = BM // 16
+    local0 = local_start + tl.arange(0, R) * 16
+    in_group = local0 < size
+    start = row0.to(tl.int64)
+    acc = tl.zeros((R, BC), dtype=tl.float32)
+    for c0 in range(0, BN, BC):
+        ks = col0 + c0 + tl.arange(0, BC)
+        k_ok = ks < F
+        x0, _s, _o = load_token(d_ptr, start, local0, size, in_group, 0, F, ks, k_ok)
+        x1, _s, _o = load_token(d_ptr, start, local0, size, in_group, 1, F, ks, k_ok)
+        x2, _s, _o = load_token(d_ptr, start, local0, size, in_group, 2, F, ks, k_ok)
+        x3, _s, _o = load_token(d_ptr, start, local0, size, in_group, 3, F, ks, k_ok)
+        x4, _s, _o = load_token(d_ptr, start, local0, size, in_group, 4, F, ks, k_ok)
+        x5, _s, _o = load_token(d_ptr, start, local0, size, in_group, 5, F, ks, k_ok)
+        x6, _s, _o = load_token(d_ptr, start, local0, size, in_group, 6, F, ks, k_ok)
+        x7, _s, _o = load_token(d_ptr, start, local0, size, in_group, 7, F, ks, k_ok)
+        x8, _s, _o = load_token(d_ptr, start, local0, size, in_group, 8, F, ks, k_ok)
+        x9, _s, _o = load_token(d_ptr, start, local0, size, in_group, 9, F, ks, k_ok)
+        x10, _s, _o = load_token(d_ptr, start, local0, size, in_group, 10, F, ks, k_ok)
+        x11, _s, _o = load_token(d_ptr, start, local0, size, in_group, 11, F, ks, k_ok)
+        x12, _s, _o = load_token(d_ptr, start, local0, size, in_group, 12, F, ks, k_ok)
+        x13, _s, _o = load_token(d_ptr, start, local0, size, in_group, 13, F, ks, k_ok)
+        x14, _s, _o = load_token(d_ptr, start, local0, size, in_group, 14, F, ks, k_ok)
+        x15, _s, _o = load_token(d_ptr, start, local0, size, in_group, 15, F, ks, k_ok)
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
+        acc = tl.maximum(acc, tl.abs(x0))
+        acc = tl.maximum(acc, tl.abs(x1))
+        acc = tl.maximum(acc, tl.abs(x2))
+        acc = tl.maximum(acc, tl.abs(x3))
+        acc = tl.maximum(acc, tl.abs(x4))
+        acc = tl.maximum(acc, tl.abs(x5))
+        acc = tl.maximum(acc, tl.abs(x6))
+        acc = tl.maximum(acc, tl.abs(x7))
+        acc = tl.maximum(acc, tl.abs(x8))
+        acc = tl.maximum(acc, tl.abs(x9))
+        acc = tl.maximum(acc, tl.abs(x10))
+        acc = tl.maximum(acc, tl.abs(x11))
+        acc = tl.maximum(acc, tl.abs(x12))
+        acc = tl.maximum(acc, tl.abs(x13))
+        acc = tl.maximum(acc, tl.abs(x14))
+        acc = tl.maximum(acc, tl.abs(x15))
+    return tl.max(tl.max(acc, axis=1), axis=0)
+
+
+@triton.jit
+def _grouped_gemm_act_kernel(
+    a_ptr, a_scale_ptr, a_amax_ptr, b_ptr, b_scale_ptr, b_amax_ptr, sizes_ptr, p_ptr,
+    c_ptr, d_ptr, pre_ptr, post_ptr,
+    F, K, G, clamp, sign_mask,
+    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, AMAX: tl.constexpr, GPU: tl.constexpr,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
+    total = tl.max(tile_end, 0)
+    for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
+        grp, size, row0, tm, tn = locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, F, BN)
+        rows = tm * BM + tl.arange(0, BM)
+        cols = tn * BN + tl.arange(0, BN)
+        row_ok = rows < size
+        col_ok = cols < F
+        mask = row_ok[:, None] & col_ok[None, :]
+        arow = (row0 + rows).to(tl.int64)
+        alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, grp)
+        if ACT == _SWIGLU:
+            brow = grp.to(tl.int64) * (2 * F) + cols
+            c_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
+            gate = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
+                                          BM, BN, BK, NUM_STAGES), alpha)
+            store_bits(c_ptrs, gate, mask)
+            up = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow + F, row_ok, col_ok, K,
+                                        BM, BN, BK, NUM_STAGES), alpha)
+            store_bits(c_ptrs + F, up, mask)
+            # activation._act_fwd_kernel, SwiGLU
+            a = widen(gate)
+            u = widen(up)
+            f = (a * _sigmoid(a, GPU)) * u
+        else:
+            brow = grp.to(tl.int64) * F + cols
+            cb = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
+                                        BM, BN, BK, NUM_STAGES), alpha)
+            store_bits(c_ptr + arow[:, None] * F + cols[None, :], cb, mask)
+            # activation._act_fwd_kernel, SReLU / tanh-SReLU
+            c = widen(cb)
+            if ACT == _SRELU:
+                r = _relu(c)
+                f = r * r
+            else:
+                b = clamp * _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
+                f = b * b
+        if HAS_PROBS:
+            f = f * to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
+        d = bf16_round(f)
+        store_bits(d_ptr + arow[:, None] * F + cols[None, :], (d.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16),
+                   mask)
+        if AMAX:
+            pre = tl.max(tl.max(tl.where(mask, tl.abs(d), 0.0), axis=1), axis=0)
+            tl.atomic_max(pre_ptr + grp, pre)
+            tl.debug_barrier()  # the tile's D stores are visible to the whole CTA from here
+            post = _post_rht_amax(d_ptr, row0, tm * BM, size, tn * BN, F, sign_mask, BM, BN, BC)
+            tl.atomic_max(post_ptr + grp, post)
+
+
+# ---------------------------------------------------------------------------------------
+# Op and launcher
+
+
+def epilogue_config(device: torch.device):
+    """grouped_gemm's fprop tile config (its BK sets the K order, so it must be the same),
+    checked for what the epilogues need: BM % 16 == 0 (runs of 16 tokens start at
+    group start + 16k), BN % 16 == 0 (dprob's runs of 16 columns)."""
+    cfg = gemm_config("fprop", device)
+    if cfg.block_m % 16 or cfg.block_n % 16:
+        raise ValueError(f"fused GEMM epilogues need block_m and block_n multiples of 16, got {cfg}")
+    return cfg
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_act")
+def _grouped_gemm_act_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    group_sizes: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float, sign_mask: int,
+    want_amax: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scales as uint8 bits; every tensor contiguous. Returns (C (T, F1), D (T, F) bf16,
+    pre (G,), post (G,) fp32; the amaxes are zeros unless want_amax)."""
+    tokens = a_data.shape[0]
+    groups, f1, half = b_data.shape
+    f = f1 // 2 if act == _SWIGLU else f1
+    c = a_data.new_empty(tokens, f1, dtype=torch.bfloat16)
+    d = a_data.new_empty(tokens, f, dtype=torch.bfloat16)
+    pre = a_data.new_zeros(groups, dtype=torch.float32)
+    post = a_data.new_zeros(groups, dtype=torch.float32)
+    if tokens == 0 or f == 0 or groups == 0:
+        return c, d, pre, post
+    cfg = epilogue_config(a_data.device)
+    programs = num_programs(cfg, a_data.device)
+    launch(
+        _grouped_gemm_act_kernel, (programs,),
+        a_ptr=a_data, a_scale_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, b_scale_ptr=b_scale,
+        b_amax_ptr=b_amax, sizes_ptr=group_sizes, p_ptr=probs if probs is not None else a_amax,
+        c_ptr=c, d_ptr=d, pre_ptr=pre, post_ptr=post, F=f, K=2 * half, G=groups, clamp=clamp, sign_mask=sign_mask,
+        ACT=act, HAS_PROBS=probs is not None, AMAX=want_amax, GPU=not INTERPRET,
+        BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        BC=min(32, cfg.block_n), NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+    return c, d, pre, post
+
+
+def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> None:
+    """grouped_gemm's operand rules (same messages), for the fused launchers."""
+    if a_data.dim() != 2 or b_data.dim() != 3:
+        raise ValueError(f"{name}: a_data must be (T, K/2) and b_data (G, N, K/2), got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    groups, n, half = b_data.shape
+    if a_data.shape[1] != half or (2 * half) % 16:
+        raise ValueError(f"{name}: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
+    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
+        raise ValueError(f"{name}: scales must be (T, K/16) and (G, N, K/16), got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
+    if group_sizes.shape != (groups,):
+        raise ValueError(f"{name}: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
+
+
+def grouped_gemm_act(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    group_sizes: torch.Tensor,
+    probs: Optional[torch.Tensor],
+    activation: str,
+    tanh_clamp_scale: Optional[float],
+    sign_mask: int,
+    *,
+    want_amax: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """fc1 + activation (+ D's amax): (C, D, pre-RHT amax, post-RHT amax), bit for bit
+
+        C = grouped_gemm(a..., b..., group_sizes)
+        D = activation.activation_forward(C, probs, activation, tanh_clamp_scale)
+        pre, post = group_hadamard_amax(D, group_sizes, sign_mask)   (None, None unless want_amax)
+
+    a: x's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W1's row-wise copies
+    (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first)."""
+    check_gemm_operands("grouped_gemm_act", a_data, a_scale, b_data, b_scale, group_sizes)
+    act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
+    if act == _SWIGLU and b_data.shape[1] % 2:
+        raise ValueError(f"grouped_gemm_act: swiglu needs an even F1, got {b_data.shape[1]}")
+    if probs is not None and probs.shape != (a_data.shape[0],):
+        raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
+    if not 0 <= sign_mask < 2**16:
+        raise ValueError(f"grouped_gemm_act: sign_mask must be a 16-bit mask, got {sign_mask:#x}")
+    c, d, pre, post = _grouped_gemm_act_op(
+        a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
+        b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), group_sizes.contiguous(),
+        probs.contiguous() if probs is not None else None, act, clamp, int(sign_mask), bool(want_amax),
+    )
+    return (c, d, pre, post) if want_amax else (c, d, None, None)
