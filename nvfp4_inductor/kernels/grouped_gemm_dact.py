@@ -1,0 +1,188 @@
+"""fc2 dgrad with the activation backward in its epilogue, bit for bit the unfused chain
+
+    G = kernels.grouped_gemm(dYq, W2 col)                      (T, F) bf16, never stored
+    dC, dp, D = kernels.activation.activation_backward(G, C, p, act, regenerate=...)
+
+Kernels ``_grouped_gemm_dact_kernel`` (the GEMM and the elementwise epilogue, writing
+dprob partials) and ``_dp_sum_kernel`` (the partials' sums); launcher
+``grouped_gemm_dact``; op ``nvfp4_kernels::grouped_gemm_dact``. Reference: that chain
+(numerics.grouped_gemm_torch, activations.activation_backward), up to the GEMM's fp32
+summation order, which is grouped_gemm's.
+
+Why the bits match:
+* G: grouped_gemm's tile schedule and K loop (``grouped_gemm_act.tile_acc``, same config),
+  bf16((acc * 2**28) * alpha_g) with integer RNE, widened from its bits.
+* dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
+  (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
+  SwiGLU: G has F columns and dC 2F; program (tm, tn) reads C's gate and up columns
+  j and F + j for its G columns j and writes dC at both, so halves always match.
+* dp = activations.row_sum(G * f): each tile sums its runs of 16 columns with the
+  halving tree (``activation._run_sums``) and stores them as partials (T, F/16) fp32;
+  ``_dp_sum_kernel`` adds each row's partials to a zero total left to right. No atomics:
+  the order is fixed whatever the tiling.
+
+Needs F % 16 == 0 when probs are given (row_sum's runs), as activation_backward.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._nvfp4 import to_float32
+from ._registry import INTERPRET, kernel_op, launch
+from .activation import _SRELU, _SWIGLU, _act_code, _clamp, _mul_rn, _relu, _run_sums, _sigmoid, _store_bf16, _tanh
+from .grouped_gemm import _bits, gemm_alpha, num_programs
+from .grouped_gemm_act import check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_acc, tile_table, widen
+
+
+@triton.jit
+def _grouped_gemm_dact_kernel(
+    a_ptr, a_scale_ptr, a_amax_ptr, b_ptr, b_scale_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
+    dc_ptr, part_ptr, d_ptr,
+    F, K, G, clamp,
+    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    NR = F // 16  # dprob partials per row
+    gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
+    total = tl.max(tile_end, 0)
+    for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
+        grp, size, row0, tm, tn = locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, F, BN)
+        rows = tm * BM + tl.arange(0, BM)
+        cols = tn * BN + tl.arange(0, BN)
+        row_ok = rows < size
+        col_ok = cols < F
+        mask = row_ok[:, None] & col_ok[None, :]
+        arow = (row0 + rows).to(tl.int64)
+        brow = grp.to(tl.int64) * F + cols
+        acc = tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K, BM, BN, BK, NUM_STAGES)
+        g = widen(gemm_out_bits(acc, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
+        # from here activation._act_bwd_kernel's loop body, operation for operation
+        if HAS_PROBS:
+            p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
+            gp = g * p
+        else:
+            gp = g
+        if ACT == _SWIGLU:
+            a_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
+            a = to_float32(tl.load(a_ptrs, mask=mask, other=0.0))
+            u = to_float32(tl.load(a_ptrs + F, mask=mask, other=0.0))
+            sg = _sigmoid(a, GPU)
+            si = a * sg
+            f = si * u
+            dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
+            dc_ptrs = dc_ptr + arow[:, None] * (2 * F) + cols[None, :]
+            _store_bf16(dc_ptrs, dca, mask)
+            _store_bf16(dc_ptrs + F, gp * si, mask)
+        else:
+            c = to_float32(tl.load(c_ptr + arow[:, None] * F + cols[None, :], mask=mask, other=0.0))
+            if ACT == _SRELU:
+                r = _relu(c)
+                f = r * r
+                dc = gp * (2.0 * r)
+            else:
+                t = _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
+                b = clamp * t
+                f = b * b
+                dc = gp * ((2.0 * b) * (1.0 - _mul_rn(t, t, GPU)))
+            _store_bf16(dc_ptr + arow[:, None] * F + cols[None, :], dc, mask)
+        if REGEN:
+            if HAS_PROBS:
+                _store_bf16(d_ptr + arow[:, None] * F + cols[None, :], f * p, mask)
+            else:
+                _store_bf16(d_ptr + arow[:, None] * F + cols[None, :], f, mask)
+        if HAS_PROBS:
+            runs = _run_sums(tl.where(mask, _mul_rn(g, f, GPU), 0.0), BM, BN)
+            run = tn * (BN // 16) + tl.arange(0, BN // 16)
+            tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs, mask=row_ok[:, None] & (run < NR)[None, :])
+
+
+@triton.jit
+def _dp_sum_kernel(part_ptr, dp_ptr, T, NR, BM: tl.constexpr):
+    """dp[t] = ((0 + part[t, 0]) + part[t, 1]) + ...: activations.row_sum's run totals."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    ok = rows < T
+    rows64 = rows.to(tl.int64)
+    total = tl.zeros((BM,), dtype=tl.float32)
+    for j in range(NR):
+        total = total + tl.load(part_ptr + rows64 * NR + j, mask=ok, other=0.0)
+    tl.store(dp_ptr + rows, total, mask=ok)
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_dact")
+def _grouped_gemm_dact_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
+    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
+    regenerate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (dC (T, F1) bf16, dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
+    tokens = a_data.shape[0]
+    groups, f, half = b_data.shape
+    dc = c.new_empty(c.shape, dtype=torch.bfloat16)
+    dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
+    d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
+    if tokens == 0 or f == 0:  # sizes sum to T, so G == 0 lands here too; K == 0 runs (G = 0)
+        return dc, dp, d
+    part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
+    cfg = epilogue_config(a_data.device)
+    programs = num_programs(cfg, a_data.device)
+    launch(
+        _grouped_gemm_dact_kernel, (programs,),
+        a_ptr=a_data, a_scale_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, b_scale_ptr=b_scale,
+        b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c, p_ptr=probs if probs is not None else a_amax,
+        dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
+        F=f, K=2 * half, G=groups, clamp=clamp,
+        ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
+        BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    )
+    if probs is not None:
+        launch(_dp_sum_kernel, (triton.cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
+               BM=128, num_warps=4)
+    return dc, dp, d
+
+
+def grouped_gemm_dact(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    group_sizes: torch.Tensor,
+    c: torch.Tensor,
+    probs: Optional[torch.Tensor],
+    activation: str,
+    tanh_clamp_scale: Optional[float] = None,
+    *,
+    regenerate: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """fc2 dgrad + activation backward: (dC, dp or None, D or None), bit for bit
+
+        G = grouped_gemm(a..., b..., group_sizes)
+        activation.activation_backward(G, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
+
+    a: dY's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W2's column-wise
+    copies (G, F, H/2), (G, F, H/16), amax (G,); c: the saved pre-activation (T, F1) bf16."""
+    check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
+    act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
+    f = b_data.shape[1]
+    f1 = 2 * f if act == _SWIGLU else f
+    if c.dtype != torch.bfloat16 or c.shape != (a_data.shape[0], f1):
+        raise ValueError(f"grouped_gemm_dact: c must be ({a_data.shape[0]}, {f1}) bf16, got {c.dtype} {tuple(c.shape)}")
+    if probs is not None and probs.shape != (a_data.shape[0],):
+        raise ValueError(f"grouped_gemm_dact: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
+    if probs is not None and f % 16:
+        raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
+    dc, dp, d = _grouped_gemm_dact_op(
+        a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
+        b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), group_sizes.contiguous(),
+        c.contiguous(), probs.contiguous() if probs is not None else None, act, clamp, bool(regenerate),
+    )
+    return dc, (dp if probs is not None else None), (d if regenerate else None)
