@@ -1,0 +1,330 @@
+"""Grouped GEMMs on bf16 deq() copies: the second way for NVFP4 operands to reach Hopper's
+tensor cores (the first, grouped_gemm.py / grouped_gemm_wgrad.py, dequantizes in registers
+inside the K loop).
+
+    grouped_gemm_via_bf16        = dequantize_bf16(a), dequantize_bf16(b) -> _grouped_gemm_bf16_kernel
+    grouped_gemm_wgrad_via_bf16  = dequantize_bf16(a), dequantize_bf16(b) -> _grouped_gemm_wgrad_bf16_kernel
+
+Same signatures and results as ``grouped_gemm`` / ``grouped_gemm_wgrad`` (twins:
+``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch``). The bf16 copies are
+transient (made and freed inside the call, never saved for backward).
+
+Numerics: deq() is exact in bf16 (dequantize.py), the tensor cores multiply exactly and
+accumulate in fp32 in natural K order (the in-register kernels permute K: low nibbles, then
+high nibbles, per step), alpha_g (``gemm_alpha``, one IEEE division) multiplies the fp32
+accumulator and one integer RNE rounding gives bf16 (``store_bf16``). The two paths thus
+agree up to fp32 accumulation order; both meet the fp64 bound of tests/test_kernels_gemm.py.
+``store_bf16`` computes bf16((acc * 2**28) * alpha) for the in-register kernels' operands
+scaled by 2**-14 each; here it gets acc * 2**-28, and both power-of-2 multiplies are exact
+(a non-zero accumulator of deq() products is a multiple of 2**-20), so the epilogue is
+exactly bf16(acc * alpha).
+
+Schedules: those of grouped_gemm.py (``tile_table`` / ``tile_coords``: persistent, group
+tiles from the device-side group sizes, M fastest) and grouped_gemm_wgrad.py
+(``wgrad_tile``). Operand loads, two variants (``Bf16GemmConfig.tma``):
+* pointers (default): rows past a group's end (or past N) are clamped to a valid row
+  instead of masked (those output rows/columns are not stored), so only the K tail is
+  masked, and only when K % BK != 0 (fprop) or at each group's last K step (wgrad);
+  Triton pipelines the loads with cp.async over ``num_stages``.
+* TMA (``tma=True``, CUDA only): per-tile device-side tensor descriptors
+  (``tl.make_tensor_descriptor``) whose shape ends at the group's last row (fprop) or the
+  group's last padded token (wgrad), so the copy engine zero-fills past it; needs a
+  Triton allocator for the descriptors' global scratch (set on first use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ._registry import INTERPRET, kernel_op, launch
+from .dequantize import dequantize_bf16
+from .grouped_gemm import gemm_alpha, num_programs, store_bf16, tile_coords, tile_table
+from .grouped_gemm_wgrad import wgrad_tile
+
+_PRESCALE: tl.constexpr = tl.constexpr(2.0**-28)  # store_bf16 multiplies by 2**28 again
+_UPCAST: tl.constexpr = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _mma(a, b, acc):
+    """acc + a . b^T. The interpreter (triton 3.9) multiplies bf16 tiles as their integer
+    bits: there the exact bf16 values go through fp32 (bf16 products are exact in fp32)."""
+    if _UPCAST:
+        return tl.dot(a.to(tl.float32), tl.trans(b).to(tl.float32), acc)
+    return tl.dot(a, tl.trans(b), acc)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels
+
+
+@triton.jit
+def _grouped_gemm_bf16_kernel(
+    a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, out_ptr,
+    N, K, G,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+):
+    """a (T, K) bf16, b (G, N, K) bf16, out (T, N) bf16 = alpha_g * a_g . b_g^T."""
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, N, G, BLOCK_G, BM, BN)
+    for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
+        g, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
+        rows = tm * BM + tl.arange(0, BM)
+        cols = tn * BN + tl.arange(0, BN)
+        row_ok = rows < size
+        col_ok = cols < N
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if TMA:
+            a_desc = tl.make_tensor_descriptor(a_ptr + row0.to(tl.int64) * K, shape=[size, K], strides=[K, 1],
+                                               block_shape=[BM, BK])
+            b_desc = tl.make_tensor_descriptor(b_ptr + g.to(tl.int64) * N * K, shape=[N, K], strides=[K, 1],
+                                               block_shape=[BN, BK])
+            for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
+                a = a_desc.load([tm * BM, k0])
+                b = b_desc.load([tn * BN, k0])
+                acc = _mma(a, b, acc)
+        else:
+            kk = tl.arange(0, BK)
+            arow = (row0 + tl.minimum(rows, size - 1)).to(tl.int64)  # clamped: not stored
+            brow = g.to(tl.int64) * N + tl.minimum(cols, N - 1)
+            a_ptrs = a_ptr + arow[:, None] * K + kk[None, :]
+            b_ptrs = b_ptr + brow[:, None] * K + kk[None, :]
+            for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
+                if EVEN_K:
+                    a = tl.load(a_ptrs)
+                    b = tl.load(b_ptrs)
+                else:
+                    k_ok = (k0 + kk) < K
+                    a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+                acc = _mma(a, b, acc)
+                a_ptrs += BK
+                b_ptrs += BK
+        alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
+        out_ptrs = out_ptr + (row0 + rows).to(tl.int64)[:, None] * N + cols[None, :]
+        store_bf16(out_ptrs, acc * _PRESCALE, alpha, row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _grouped_gemm_wgrad_bf16_kernel(
+    a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, offsets_ptr, out_ptr,
+    N, M, P, G,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, TMA: tl.constexpr,
+):
+    """a (N, P) bf16, b (M, P) bf16, out (G, N, M) bf16: out[g] = alpha_g * a[:, p_g:p_g+1] . b[:, ...]^T."""
+    for tile in tl.range(tl.program_id(0), G * tl.cdiv(N, BN) * tl.cdiv(M, BM), NUM_PROGRAMS):
+        g, tm, tn, k_start, k_end = wgrad_tile(tile, offsets_ptr, N, M, BN, BM)
+        rows_a = tn * BN + tl.arange(0, BN)  # output rows (N)
+        rows_b = tm * BM + tl.arange(0, BM)  # output columns (M)
+        a_ok = rows_a < N
+        b_ok = rows_b < M
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        if TMA:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[N, k_end], strides=[P, 1], block_shape=[BN, BK])
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[M, k_end], strides=[P, 1], block_shape=[BM, BK])
+            for k0 in tl.range(k_start, k_end, BK, num_stages=NUM_STAGES):
+                a = a_desc.load([tn * BN, k0])
+                b = b_desc.load([tm * BM, k0])
+                acc = _mma(a, b, acc)
+        else:
+            kk = tl.arange(0, BK)
+            a_rows = tl.minimum(rows_a, N - 1).to(tl.int64)  # clamped: not stored
+            b_rows = tl.minimum(rows_b, M - 1).to(tl.int64)
+            a_ptrs = a_ptr + a_rows[:, None] * P + (k_start + kk)[None, :]
+            b_ptrs = b_ptr + b_rows[:, None] * P + (k_start + kk)[None, :]
+            for k0 in tl.range(k_start, k_end, BK, num_stages=NUM_STAGES):
+                k_ok = (k0 + kk) < k_end  # the group's last step: zeros past its tokens
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+                acc = _mma(a, b, acc)
+                a_ptrs += BK
+                b_ptrs += BK
+        alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
+        out_ptrs = out_ptr + (g.to(tl.int64) * N + rows_a)[:, None] * M + rows_b[None, :]
+        store_bf16(out_ptrs, acc * _PRESCALE, alpha, a_ok[:, None] & b_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------
+# Tile configuration (frozen choices tests and benchmarks can pin; none changes a result
+# bit: the K order is natural whatever BK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bf16GemmConfig:
+    block_m: int  # output rows (tokens; N of wgrad) per tile
+    block_n: int  # output columns per tile
+    block_k: int
+    num_warps: int
+    num_stages: int
+    num_programs: int = 0  # persistent programs; 0 = one per SM (1 under the interpreter)
+    tma: bool = False  # device-side TMA descriptors (CUDA only)
+
+
+_OVERRIDE: dict[str, Bf16GemmConfig] = {}
+
+
+def bf16_gemm_config(kind: str, device: torch.device) -> Bf16GemmConfig:
+    """Tile config of `kind` ("fprop" or "wgrad")."""
+    if kind in _OVERRIDE:
+        return _OVERRIDE[kind]
+    if INTERPRET or device.type != "cuda":
+        return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
+    # Inductor's grouped-mm template on the H200 (PITFALLS): 128x256x64, 8 warps, 3 stages
+    return Bf16GemmConfig(128, 256, 64, 8, 3)
+
+
+class override_config:
+    """``with override_config(fprop=Bf16GemmConfig(...), wgrad=...)``: pin tile configs."""
+
+    def __init__(self, **configs: Bf16GemmConfig):
+        self.configs = configs
+
+    def __enter__(self):
+        self.saved = dict(_OVERRIDE)
+        _OVERRIDE.update(self.configs)
+        return self
+
+    def __exit__(self, *exc):
+        _OVERRIDE.clear()
+        _OVERRIDE.update(self.saved)
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch buffer Triton asks for."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET = True
+
+
+def _programs(cfg: Bf16GemmConfig, device: torch.device) -> int:
+    return num_programs(cfg, device)  # reads cfg.num_programs only
+
+
+# ---------------------------------------------------------------------------------------
+# Ops on bf16 operands
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_bf16")
+def _grouped_gemm_bf16_op(
+    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
+) -> torch.Tensor:
+    """a (T, K) bf16, b (G, N, K) bf16 (deq() values), amax (G,) fp32; contiguous. -> (T, N) bf16."""
+    tokens, k = a.shape
+    groups, n, _ = b.shape
+    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
+    if tokens == 0 or n == 0:
+        return out
+    if k == 0 or groups == 0:
+        return out.zero_()
+    cfg = bf16_gemm_config("fprop", a.device)
+    tma = cfg.tma and a.device.type == "cuda" and not INTERPRET
+    if tma:
+        _ensure_allocator()
+    programs = _programs(cfg, a.device)
+    launch(
+        _grouped_gemm_bf16_kernel, (programs,),
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
+        N=n, K=k, G=groups, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
+        EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16")
+def _grouped_gemm_wgrad_bf16_op(
+    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor, padded_offsets: torch.Tensor,
+) -> torch.Tensor:
+    """a (N, P) bf16, b (M, P) bf16 (deq() values), amax (G,), offsets (G+1,); contiguous -> (G, N, M)."""
+    n, p = a.shape
+    m = b.shape[0]
+    groups = padded_offsets.shape[0] - 1
+    out = a.new_empty(groups, n, m, dtype=torch.bfloat16)
+    if out.numel() == 0:
+        return out
+    if p == 0:
+        return out.zero_()
+    cfg = bf16_gemm_config("wgrad", a.device)
+    tma = cfg.tma and a.device.type == "cuda" and not INTERPRET
+    if tma:
+        _ensure_allocator()
+    programs = _programs(cfg, a.device)
+    # as in grouped_gemm_wgrad.py: the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
+    launch(
+        _grouped_gemm_wgrad_bf16_kernel, (programs,),
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, offsets_ptr=padded_offsets, out_ptr=out,
+        N=n, M=m, P=p, G=groups, BM=cfg.block_n, BN=cfg.block_m, BK=cfg.block_k,
+        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, TMA=tma, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The NVFP4 entry points: dequantize -> bf16 GEMM
+
+
+def grouped_gemm_via_bf16(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    group_sizes: torch.Tensor,
+) -> torch.Tensor:
+    """fprop / dgrad, the drop-in alternative of ``kernels.grouped_gemm.grouped_gemm`` (same
+    arguments, checks and result up to fp32 accumulation order): a (T, K/2) uint8, (T, K/16)
+    E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
+    Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call."""
+    if a_data.dim() != 2 or b_data.dim() != 3:
+        raise ValueError(f"grouped_gemm: a_data must be (T, K/2) and b_data (G, N, K/2), got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    groups, n, half = b_data.shape
+    if a_data.shape[1] != half or (2 * half) % 16:
+        raise ValueError(f"grouped_gemm: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
+    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
+        raise ValueError(f"grouped_gemm: scales must be (T, K/16) and (G, N, K/16), got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
+    if group_sizes.shape != (groups,):
+        raise ValueError(f"grouped_gemm: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
+    a = dequantize_bf16(a_data, a_scale)
+    b = dequantize_bf16(b_data, b_scale)
+    return _grouped_gemm_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
+                                 group_sizes.contiguous())
+
+
+def grouped_gemm_wgrad_via_bf16(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_amax: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_amax: torch.Tensor,
+    padded_offsets: torch.Tensor,
+) -> torch.Tensor:
+    """wgrad, the drop-in alternative of ``kernels.grouped_gemm_wgrad.grouped_gemm_wgrad``:
+    a (N, P/2) uint8, (N, P/16) E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,);
+    padded_offsets (G+1,), multiples of 16, on the device. Returns (G, N, M) bf16 (zeros for
+    an empty group). The bf16 deq() copies live only inside this call."""
+    if a_data.dim() != 2 or b_data.dim() != 2 or a_data.shape[1] != b_data.shape[1]:
+        raise ValueError(f"grouped_gemm_wgrad: a_data (N, P/2) and b_data (M, P/2) must share P, got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    half = a_data.shape[1]
+    if (2 * half) % 16 or a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (b_data.shape[0], half // 8):
+        raise ValueError(f"grouped_gemm_wgrad: scales must be (N, P/16) and (M, P/16) with P % 16 == 0, got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)} for P = {2 * half}")
+    if padded_offsets.dim() != 1 or padded_offsets.shape[0] < 1:
+        raise ValueError(f"grouped_gemm_wgrad: padded_offsets must be (G+1,), got {tuple(padded_offsets.shape)}")
+    a = dequantize_bf16(a_data, a_scale)
+    b = dequantize_bf16(b_data, b_scale)
+    return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
+                                       padded_offsets.contiguous())
