@@ -1,0 +1,227 @@
+"""Fused GEMM epilogues (kernels/grouped_gemm_act.py, kernels/grouped_gemm_dact.py) against
+the unfused kernels they stand in for, byte for byte (STYLE 20):
+
+    grouped_gemm_act  == grouped_gemm -> activation_forward -> group_hadamard_amax
+                         (the amaxes also == numerics.group_hadamard_amax_torch of that D)
+    grouped_gemm_dact == grouped_gemm -> activation_backward (dC, dp, regenerated D)
+
+Bit-identity with the unfused kernels is what lets the compiled path use the fused ones
+while eager uses the unfused ones (compiled == eager bitwise). The references are the
+Triton kernels on the same device, so the transcendental activations are exact too.
+
+On a machine without CUDA, tests/conftest.py sets TRITON_INTERPRET=1 and everything runs
+in the interpreter on CPU tensors (tiny shapes, 32x32x64 tiles: groups span several M
+tiles, F several N tiles). ``@pytest.mark.gpu`` tests run bigger shapes with the H200
+tile config (``pytest -m gpu``). Cases are data: uneven groups, empty groups, sizes not
+multiples of 16 or of the tile height.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+from nvfp4_inductor import numerics
+
+from _assertions import assert_bytes_equal
+
+triton = pytest.importorskip("triton")
+from nvfp4_inductor import kernels  # noqa: E402
+from nvfp4_inductor.kernels.activation import activation_backward, activation_forward  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm import GemmConfig, grouped_gemm, override_config  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_act import grouped_gemm_act  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_dact import grouped_gemm_dact  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if not kernels.available(DEVICE):
+    pytest.skip(f"Triton kernels cannot run on {DEVICE} (no CUDA and TRITON_INTERPRET unset)", allow_module_level=True)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ACTIVATIONS = ["srelu", "tanh_srelu", "swiglu"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    sizes: tuple[int, ...]
+    hidden: int  # K of fc1, N of the fc2 dgrad's dY
+    ffn: int  # F (D's width); F1 = 2F for SwiGLU
+
+    def __str__(self):
+        return self.name
+
+
+# uneven: empty groups first, middle and last; 37 spans two 32-row tiles, 5 and 22 end mid-run
+UNEVEN = Case("uneven_empty", (5, 0, 37, 16, 22, 0), 64, 48)
+# groups of 1 and 15 tokens (one partial run), 17 and 33 (a run of 1 after full runs)
+SMALL = Case("tiny_groups", (0, 1, 15, 17, 0, 33), 32, 32)
+GPU_CASE = Case("gpu_uneven", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 768)
+
+
+def _clamp(activation):
+    return 2.5 if activation == "tanh_srelu" else None
+
+
+def fc1_inputs(case: Case, activation: str, with_probs: bool, seed: str):
+    """x's row-wise grouped copy and W1's copies from the real quantizers, probs, sizes."""
+    gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+    sizes = torch.tensor(case.sizes, dtype=torch.int64)
+    tokens, groups = sum(case.sizes), len(case.sizes)
+    f1 = 2 * case.ffn if activation == "swiglu" else case.ffn
+    x = (torch.randn(tokens, case.hidden, generator=gen) * 3).to(torch.bfloat16)
+    w = (torch.randn(groups, f1, case.hidden, generator=gen) * 0.2).to(torch.bfloat16)
+    probs = torch.rand(tokens, generator=gen) if with_probs else None
+    x, w, sizes = x.to(DEVICE), w.to(DEVICE), sizes.to(DEVICE)
+    xq, wq = numerics.group_quantize_torch(x, sizes), numerics.quantize_weights_torch(w)
+    args = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
+    return args, None if probs is None else probs.to(DEVICE)
+
+
+def dgrad_inputs(case: Case, activation: str, with_probs: bool, seed: str):
+    """dY's row-wise copy, W2's column-wise copies, a saved C with +-0 entries, probs."""
+    gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+    sizes = torch.tensor(case.sizes, dtype=torch.int64)
+    tokens, groups, f = sum(case.sizes), len(case.sizes), case.ffn
+    f1 = 2 * f if activation == "swiglu" else f
+    dy = torch.randn(tokens, case.hidden, generator=gen).to(torch.bfloat16)
+    w2 = (torch.randn(groups, case.hidden, f, generator=gen) * 0.2).to(torch.bfloat16)
+    c = torch.randn(tokens, f1, generator=gen) * 3
+    if tokens >= 2:
+        c[0, :5] = -0.0
+        c[1, :4] = 0.0
+    probs = torch.rand(tokens, generator=gen) if with_probs else None
+    dy, w2, sizes = dy.to(DEVICE), w2.to(DEVICE), sizes.to(DEVICE)
+    dyq, w2q = numerics.group_quantize_torch(dy, sizes), numerics.quantize_weights_torch(w2)
+    args = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax,
+            w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, sizes)
+    return args, c.to(torch.bfloat16).to(DEVICE), None if probs is None else probs.to(DEVICE)
+
+
+def check_act(case, activation, with_probs, sign_mask, label):
+    args, probs = fc1_inputs(case, activation, with_probs, label)
+    sizes, clamp = args[-1], _clamp(activation)
+    c, d, pre, post = grouped_gemm_act(*args, probs, activation, clamp, sign_mask)
+    c_ref = grouped_gemm(*args)
+    d_ref = activation_forward(c_ref, probs, activation, clamp)
+    pre_ref, post_ref = kernels.group_hadamard_amax(d_ref, sizes, sign_mask)
+    assert_bytes_equal(c, c_ref, f"{label}: C")
+    assert_bytes_equal(d, d_ref, f"{label}: D")
+    assert_bytes_equal(pre, pre_ref, f"{label}: pre-RHT amax")
+    assert_bytes_equal(post, post_ref, f"{label}: post-RHT amax")
+    spec_pre, spec_post = numerics.group_hadamard_amax_torch(d_ref, sizes, sign_mask)
+    assert_bytes_equal(pre, spec_pre, f"{label}: pre-RHT amax vs numerics")
+    assert_bytes_equal(post, spec_post, f"{label}: post-RHT amax vs numerics")
+    empty = [g for g, m in enumerate(case.sizes) if m == 0]
+    assert all(pre[g] == 0 and post[g] == 0 for g in empty), f"{label}: empty groups must have amax 0"
+
+
+def check_dact(case, activation, with_probs, regenerate, label):
+    args, c, probs = dgrad_inputs(case, activation, with_probs, label)
+    clamp = _clamp(activation)
+    dc, dp, d = grouped_gemm_dact(*args, c, probs, activation, clamp, regenerate=regenerate)
+    dc_ref, dp_ref, d_ref = activation_backward(grouped_gemm(*args), c, probs, activation, clamp,
+                                                regenerate=regenerate)
+    assert_bytes_equal(dc, dc_ref, f"{label}: dC")
+    for name, out, ref in (("dp", dp, dp_ref), ("D", d, d_ref)):
+        assert (out is None) == (ref is None), f"{label}: {name} is {out is None} vs {ref is None}"
+        if ref is not None:
+            assert_bytes_equal(out, ref, f"{label}: {name}")
+
+
+# ---------------------------------------------------------------------------------------
+# Interpreter / any device: tiny shapes
+
+
+# probs on/off with TE's mask, and mask 0 (plain H/4); (no probs, mask 0) pruned for time:
+# the mask only enters the post-RHT amax, which never sees the probs.
+@pytest.mark.parametrize("with_probs,sign_mask", [(True, 0xD7E8), (False, 0xD7E8), (True, 0)],
+                         ids=["probs-mask0xd7e8", "no_probs-mask0xd7e8", "probs-mask0"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_act_equals_unfused(activation, with_probs, sign_mask):
+    check_act(UNEVEN, activation, with_probs, sign_mask, f"act {UNEVEN} {activation} probs={with_probs} {sign_mask:#x}")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_act_small_groups(activation):
+    check_act(SMALL, activation, True, 0xD7E8, f"act {SMALL} {activation}")
+
+
+def test_act_other_tiles():
+    """16x16 tiles, BK 32, 3 programs: one run per tile, tiles of a group on different programs."""
+    with override_config(fprop=GemmConfig(16, 16, 32, 4, 1, 3)):
+        check_act(UNEVEN, "swiglu", True, 0xD7E8, "act 16x16 tiles swiglu")
+
+
+def test_act_without_amax():
+    args, probs = fc1_inputs(SMALL, "srelu", True, "no amax")
+    c, d, pre, post = grouped_gemm_act(*args, probs, "srelu", None, 0xD7E8, want_amax=False)
+    assert pre is None and post is None
+    c_ref = grouped_gemm(*args)
+    assert_bytes_equal(c, c_ref, "want_amax=False: C")
+    assert_bytes_equal(d, activation_forward(c_ref, probs, "srelu"), "want_amax=False: D")
+
+
+@pytest.mark.parametrize("regenerate", [True, False], ids=["regen", "no_regen"])
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_dact_equals_unfused(activation, with_probs, regenerate):
+    check_dact(UNEVEN, activation, with_probs, regenerate,
+               f"dact {UNEVEN} {activation} probs={with_probs} regen={regenerate}")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_dact_small_groups(activation):
+    check_dact(SMALL, activation, True, True, f"dact {SMALL} {activation}")
+
+
+def test_dact_other_tiles():
+    with override_config(fprop=GemmConfig(16, 16, 32, 4, 1, 3)):
+        check_dact(UNEVEN, "swiglu", True, True, "dact 16x16 tiles swiglu")
+
+
+def test_zero_tokens_and_errors():
+    empty = Case("zero_tokens", (0, 0), 32, 32)
+    args, probs = fc1_inputs(empty, "srelu", True, "zero")
+    c, d, pre, post = grouped_gemm_act(*args, probs, "srelu", None, 0xD7E8)
+    assert c.shape == (0, 32) and d.shape == (0, 32)
+    assert_bytes_equal(pre, torch.zeros(2, device=DEVICE), "zero tokens: pre")
+    assert_bytes_equal(post, torch.zeros(2, device=DEVICE), "zero tokens: post")
+    dargs, cc, dprobs = dgrad_inputs(empty, "swiglu", True, "zero")
+    dc, dp, dd = grouped_gemm_dact(*dargs, cc, dprobs, "swiglu", regenerate=True)
+    assert dc.shape == (0, 64) and dp.shape == (0,) and dd.shape == (0, 32)
+    args, probs = fc1_inputs(SMALL, "srelu", True, "errors")
+    with pytest.raises(ValueError, match="tanh_clamp_scale"):
+        grouped_gemm_act(*args, probs, "tanh_srelu", None, 0)
+    with pytest.raises(ValueError, match="sign_mask"):
+        grouped_gemm_act(*args, probs, "srelu", None, 0x10000)
+    with pytest.raises(ValueError, match="epilogues need block_m"):
+        with override_config(fprop=GemmConfig(24, 32, 64, 4, 1, 2)):
+            grouped_gemm_act(*args, probs, "srelu", None, 0)
+    dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "f24")
+    f24 = (*dargs[:3], dargs[3][:, :24], dargs[4][:, :24], *dargs[5:])  # F = 24: not whole runs of 16
+    with pytest.raises(ValueError, match="multiple of 16"):
+        grouped_gemm_dact(*f24, cc[:, :24], dprobs, "srelu")
+    with pytest.raises(ValueError, match="c must be"):
+        grouped_gemm_dact(*dargs, cc[:, :16], None, "srelu")
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: bigger shapes with the H200 tile config (pytest -m gpu)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gpu_act_and_dact_equal_unfused(activation):
+    check_act(GPU_CASE, activation, True, 0xD7E8, f"gpu act {activation}")
+    check_dact(GPU_CASE, activation, True, True, f"gpu dact {activation}")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_no_probs_mask0():
+    check_act(GPU_CASE, "srelu", False, 0, "gpu act srelu no probs mask 0")
+    check_dact(GPU_CASE, "srelu", False, False, "gpu dact srelu no probs")
