@@ -15,7 +15,7 @@ from .. import activations, kernels
 from ..kernels.activation import activation_backward as _act_bwd_kernel
 from ..kernels.activation import activation_forward as _act_fwd_kernel
 from ..kernels.grouped_gemm import grouped_gemm
-from ..kernels.grouped_gemm_wgrad import grouped_gemm_wgrad
+from ..kernels.grouped_gemm_bf16 import grouped_gemm_wgrad_via_bf16
 from .base import Lowering
 
 
@@ -37,7 +37,10 @@ TRITON = Lowering(
     group_hadamard_amax=kernels.group_hadamard_amax,
     quantize_weights=kernels.quantize_weights,
     grouped_gemm=grouped_gemm,
-    grouped_gemm_wgrad=grouped_gemm_wgrad,
+    # wgrad: dequantize -> bf16 GEMM, 1.7-2.0x faster than in-register dequant (benchmarks/
+    # NOTES.md run P1); it has no fused twin, so eager and compiled still run the same kernels.
+    # grouped_gemm stays in-register: fc1_act_amax / fc2_dgrad_act repeat its K loop bit for bit.
+    grouped_gemm_wgrad=grouped_gemm_wgrad_via_bf16,
     activation_forward=activation_forward,
     activation_backward=activation_backward,
 )
