@@ -15,11 +15,14 @@ exactly what AOTAutograd saves for the backward:
 
 With recompute the forward quantizes D row-wise only, with the pre-RHT amax from one
 group Hadamard-amax pass that also yields the post-RHT amax (or, on targets whose fc1
-epilogue emits them, from that epilogue); the backward regenerates D bit-exactly in the
-activation-gradient step and casts it column-wise with the saved post-RHT amax, so no
-amax pass over D runs in the backward. The backward is its own op: a backward that
-called the forward op again would be merged with it by the partitioner's CSE and the
-activation saved after all (PITFALLS.md).
+epilogue emits them -- the lowering's ``fc1_act_amax``, present exactly when the target's
+capabilities say ``fused_act_amax``, so the policy's plan and this op agree -- from that
+epilogue, with no pass over D at all); the backward regenerates D bit-exactly in the
+activation-gradient step (fused into the fc2 dgrad GEMM where the lowering has
+``fc2_dgrad_act``) and casts it column-wise with the saved post-RHT amax, so no
+amax pass over D runs in the backward. Fused and unfused steps give the same bits.
+The backward is its own op: a backward that called the forward op again would be merged
+with it by the partitioner's CSE and the activation saved after all (PITFALLS.md).
 """
 
 from __future__ import annotations
@@ -41,10 +44,16 @@ def _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes, *, rht, sign_ma
     return xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), lw.quantize_weights(fc2_weight, block_2d=block_2d)
 
 
-def _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale):
-    c = lw.grouped_gemm(xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax,
-                        w1q.rowwise_data, w1q.rowwise_scale, w1q.amax, group_sizes)
-    return c, lw.activation_forward(c, probs, activation, tanh_clamp_scale)
+def _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask):
+    """(C, D, (pre-RHT, post-RHT) amax of D or None): one fused kernel where the target has
+    it (the amaxes then come from its epilogue), else the GEMM and the activation."""
+    args = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, w1q.rowwise_data, w1q.rowwise_scale, w1q.amax,
+            group_sizes)
+    if lw.fc1_act_amax is not None:
+        c, d, pre_rht, post_rht = lw.fc1_act_amax(*args, probs, activation, tanh_clamp_scale, sign_mask)
+        return c, d, (pre_rht, post_rht)
+    c = lw.grouped_gemm(*args)
+    return c, lw.activation_forward(c, probs, activation, tanh_clamp_scale), None
 
 
 def _fc2(lw, dq, w2q, group_sizes):
@@ -62,8 +71,9 @@ def grouped_mlp_infer(
     lw = lowering_for_device(x.device)
     xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
                                     rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=False)
-    _, d = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale)
-    dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False)
+    _, d, amax = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
+    dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
+                           rowwise_amax=amax[0] if amax is not None else None)
     return _fc2(lw, dq, w2q, group_sizes)
 
 
@@ -85,13 +95,14 @@ def grouped_mlp_fwd(
     lw = lowering_for_device(x.device)
     xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
                                     rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=True)
-    c, d = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale)
+    c, d, amax = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
     if recompute:
-        pre_rht, post_rht = lw.group_hadamard_amax(d, group_sizes, sign_mask)
+        pre_rht, post_rht = amax if amax is not None else lw.group_hadamard_amax(d, group_sizes, sign_mask)
         dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
         d_col = (post_rht if rht else pre_rht, d.new_empty(0, dtype=torch.uint8), d.new_empty(0, dtype=torch.float8_e4m3fn))
-    else:
-        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
+    else:  # the epilogue's amaxes are the ones group_quantize would compute (without RHT: pre)
+        given = {} if amax is None else {"rowwise_amax": amax[0], "columnwise_amax": amax[1] if rht else amax[0]}
+        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **given)
         d_col = (dq.columnwise_amax, dq.columnwise_data, dq.columnwise_scale)
     y = _fc2(lw, dq, w2q, group_sizes)
     return [y, c, xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets,
@@ -141,9 +152,12 @@ def grouped_mlp_bwd(
                                  stochastic_rounding=stochastic_rounding)
 
     dyq = quantize_grad(dy.contiguous())
-    g = lw.grouped_gemm(dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax,
-                        w2_col_data, w2_col_scale, w2_amax, group_sizes)
-    dc, dp, d = lw.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+    dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
+    if lw.fc2_dgrad_act is not None:  # G stays in the GEMM's epilogue
+        dc, dp, d = lw.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+    else:
+        g = lw.grouped_gemm(*dgrad)
+        dc, dp, d = lw.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
         dq = lw.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
                                columnwise_amax=d_col_amax)
@@ -216,21 +230,29 @@ def describe_steps(lowering, *, recompute: bool, fused_amax: bool, rht: bool, st
     ``explain`` (kept beside the ops they describe). Returns (forward, backward) lists."""
     col = "col RHT" if rht else "col"
     sr = ", SR" if stochastic_rounding else ""
-    d_amax = [("D's pre/post-RHT amax from the fc1 epilogue", None)] if fused_amax else [
-        ("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
+    fused_fc1 = fused_amax and lowering.fc1_act_amax is not None
+    regen = ", D regenerated" if recompute else ""
+    if fused_fc1:
+        fc1 = [("fc1 GEMM + activation * p + D's pre/post-RHT amax, one kernel -> C (saved), D", "fc1_act_amax")]
+        d_amax = []
+    else:
+        fc1 = [("fc1 GEMM -> C (saved)", "grouped_gemm"), ("activation(C) * p -> D", "activation_forward")]
+        d_amax = [("D's pre/post-RHT amax from the fc1 epilogue", None)] if fused_amax else [
+            ("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
         (f"quantize x: row + {col}", "group_quantize"),
         ("quantize W1, W2: row + col", "quantize_weights"),
-        ("fc1 GEMM -> C (saved)", "grouped_gemm"),
-        ("activation(C) * p -> D", "activation_forward"),
+        *fc1,
         *(d_amax + [("quantize D: row only, given amax", "group_quantize")] if recompute
-          else [(f"quantize D: row + {col}", "group_quantize")]),
+          else [(f"quantize D: row + {col}" + (", given amaxes" if fused_fc1 else ""), "group_quantize")]),
         ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
+    dact = [("fc2 dgrad + activation backward, one kernel -> dC, dp" + regen, "fc2_dgrad_act")] if (
+        lowering.fc2_dgrad_act is not None) else [
+        ("fc2 dgrad -> G", "grouped_gemm"), ("activation backward -> dC, dp" + regen, "activation_backward")]
     backward = [
         (f"quantize dY: row + {col}{sr}", "group_quantize"),
-        ("fc2 dgrad -> G", "grouped_gemm"),
-        ("activation backward -> dC, dp" + (", D regenerated" if recompute else ""), "activation_backward"),
+        *dact,
         *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
         ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),

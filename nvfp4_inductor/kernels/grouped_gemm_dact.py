@@ -36,7 +36,8 @@ from ._nvfp4 import to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SRELU, _SWIGLU, _act_code, _clamp, _mul_rn, _relu, _run_sums, _sigmoid, _store_bf16, _tanh
 from .grouped_gemm import _bits, gemm_alpha, num_programs
-from .grouped_gemm_act import check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_acc, tile_table, widen
+from .grouped_gemm_act import (check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_acc,
+                               tile_table, widen)
 
 
 @triton.jit

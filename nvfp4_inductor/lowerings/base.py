@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -14,6 +14,16 @@ class Lowering:
 
     Each field takes exactly the arguments of the reference function named in
     ``lowerings/reference.py`` and returns the same types and bits.
+
+    Optional fused steps (None: the target runs the unfused steps above). Each returns
+    the same bits as the unfused steps it replaces, so callers may use either:
+      fc1_act_amax(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs,
+                   activation, tanh_clamp_scale, sign_mask, *, want_amax=True)
+          -> (C, D, pre-RHT amax, post-RHT amax)   grouped_gemm -> activation_forward
+                                                   -> group_hadamard_amax(D, sizes, sign_mask)
+      fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs,
+                    activation, tanh_clamp_scale, *, regenerate=False)
+          -> (dC, dp or None, D or None)           grouped_gemm -> activation_backward
     """
 
     name: str
@@ -25,6 +35,8 @@ class Lowering:
     grouped_gemm_wgrad: Callable  # numerics.grouped_gemm_wgrad_torch
     activation_forward: Callable  # activations.activation_forward
     activation_backward: Callable  # activations.activation_backward
+    fc1_act_amax: Optional[Callable] = None  # fused fc1 + activation + D's amaxes
+    fc2_dgrad_act: Optional[Callable] = None  # fused fc2 dgrad + activation backward
 
     def runs(self, step: str) -> str:
         """What runs `step` (a field name), e.g. 'numerics.group_quantize_torch', for explain."""

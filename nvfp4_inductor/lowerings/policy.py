@@ -51,13 +51,14 @@ class Plan:
 
 
 REFERENCE_CAPS = TargetCapabilities(name="reference", device_type="cpu")
-# The Triton fc1 epilogue that emits D's amax is not written yet: until it is, the
-# Triton target takes the amax pass (its kernel will use the recipe's sign mask).
+# The Triton fc1 epilogue (kernels/grouped_gemm_act.py) emits D's pre- and post-RHT amax
+# with the recipe's sign mask, bit-identical to the amax pass; the TRITON lowering's
+# fc1_act_amax field is that kernel.
 TRITON_CAPS = TargetCapabilities(
     name="triton",
     device_type="cuda",
     min_capability=(8, 0),
-    fused_act_amax=False,
+    fused_act_amax=True,
     fused_amax_takes_sign_mask=True,
     fused_tanh_clamp=True,
 )

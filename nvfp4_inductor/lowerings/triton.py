@@ -4,7 +4,8 @@ Quantizers are bit-exact twins of the reference. GEMMs feed exact deq() values t
 tensor cores with fp32 accumulation (their summation order is the kernel's, so GEMM
 outputs match the reference to fp32-accumulation level, not bit for bit). The
 activation kernels take bf16 C (GEMM outputs); other dtypes (fp64 gradcheck) run the
-reference formulas.
+reference formulas. The fused steps (fc1 + activation + D's amaxes; fc2 dgrad + activation
+backward) are bit-identical to these unfused steps (tests/test_kernels_epilogue.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from .. import activations, kernels
 from ..kernels.activation import activation_backward as _act_bwd_kernel
 from ..kernels.activation import activation_forward as _act_fwd_kernel
 from ..kernels.grouped_gemm import grouped_gemm
+from ..kernels.grouped_gemm_act import grouped_gemm_act
+from ..kernels.grouped_gemm_dact import grouped_gemm_dact
 from ..kernels.grouped_gemm_bf16 import grouped_gemm_wgrad_via_bf16
 from .base import Lowering
 
@@ -43,4 +46,6 @@ TRITON = Lowering(
     grouped_gemm_wgrad=grouped_gemm_wgrad_via_bf16,
     activation_forward=activation_forward,
     activation_backward=activation_backward,
+    fc1_act_amax=grouped_gemm_act,
+    fc2_dgrad_act=grouped_gemm_dact,
 )
