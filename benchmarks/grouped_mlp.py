@@ -160,6 +160,7 @@ def main():
                 rows.append([shape, activation, name, f"{ms / base_ms:.2f}", f"{ms:.2f}",
                              f"{flops / ms / 1e9:.0f}", f"{peak / 2**30:.2f}", f"{saved / 2**20:.0f}",
                              f"{saved / base_saved:.2f}"])
+                print(" | ".join(rows[-1]), flush=True)  # progress: a cut-off run still reports
             torch._dynamo.reset()
     print(format_table(["shape", "act", "implementation", "time/bf16", "ms", "TFLOP/s", "peak GiB",
                         "saved MiB", "saved/bf16"], rows))
