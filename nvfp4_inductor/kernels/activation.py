@@ -136,6 +136,48 @@ def _act_fwd_kernel(
 
 
 @triton.jit
+def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp,
+                 ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr):
+    """The activation backward of one (rows, cols) tile of G (fp32 values of bf16 G), in
+    activations.activation_backward's operation order: stores dC (both SwiGLU halves) and,
+    when REGEN, the regenerated D; returns g * f (0 outside `mask`) for dprob's run sums.
+    The one copy of this math: the unfused kernel and the fused fc2-dgrad epilogue call it."""
+    if HAS_PROBS:
+        gp = g * p
+    else:
+        gp = g
+    if ACT == _SWIGLU:
+        a_ptrs = c_ptr + rows64[:, None] * (2 * F) + cols[None, :]
+        a = to_float32(tl.load(a_ptrs, mask=mask, other=0.0))
+        u = to_float32(tl.load(a_ptrs + F, mask=mask, other=0.0))
+        sg = _sigmoid(a, GPU)
+        si = a * sg
+        f = si * u
+        dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
+        dc_ptrs = dc_ptr + rows64[:, None] * (2 * F) + cols[None, :]
+        _store_bf16(dc_ptrs, dca, mask)
+        _store_bf16(dc_ptrs + F, gp * si, mask)
+    else:
+        c = to_float32(tl.load(c_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
+        if ACT == _SRELU:
+            r = _relu(c)
+            f = r * r
+            dc = gp * (2.0 * r)
+        else:
+            t = _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
+            b = clamp * t
+            f = b * b
+            dc = gp * ((2.0 * b) * (1.0 - _mul_rn(t, t, GPU)))
+        _store_bf16(dc_ptr + rows64[:, None] * F + cols[None, :], dc, mask)
+    if REGEN:
+        if HAS_PROBS:
+            _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f * p, mask)
+        else:
+            _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, mask)
+    return tl.where(mask, _mul_rn(g, f, GPU), 0.0)
+
+
+@triton.jit
 def _act_bwd_kernel(
     g_ptr, c_ptr, p_ptr, dc_ptr, dp_ptr, d_ptr, T, F, clamp,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
@@ -146,46 +188,17 @@ def _act_bwd_kernel(
     rows64 = rows.to(tl.int64)
     if HAS_PROBS:
         p = to_float32(tl.load(p_ptr + rows, mask=row_ok, other=0.0))[:, None]
+    else:
+        p = 1.0  # unused
     total = tl.zeros((BM,), dtype=tl.float32)
     run = tl.arange(0, BF // 16)
     for f0 in range(0, F, BF):
         cols = f0 + tl.arange(0, BF)
         mask = row_ok[:, None] & (cols < F)[None, :]
         g = to_float32(tl.load(g_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
+        gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
         if HAS_PROBS:
-            gp = g * p
-        else:
-            gp = g
-        if ACT == _SWIGLU:
-            a_ptrs = c_ptr + rows64[:, None] * (2 * F) + cols[None, :]
-            a = to_float32(tl.load(a_ptrs, mask=mask, other=0.0))
-            u = to_float32(tl.load(a_ptrs + F, mask=mask, other=0.0))
-            sg = _sigmoid(a, GPU)
-            si = a * sg
-            f = si * u
-            dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
-            dc_ptrs = dc_ptr + rows64[:, None] * (2 * F) + cols[None, :]
-            _store_bf16(dc_ptrs, dca, mask)
-            _store_bf16(dc_ptrs + F, gp * si, mask)
-        else:
-            c = to_float32(tl.load(c_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
-            if ACT == _SRELU:
-                r = _relu(c)
-                f = r * r
-                dc = gp * (2.0 * r)
-            else:
-                t = _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
-                b = clamp * t
-                f = b * b
-                dc = gp * ((2.0 * b) * (1.0 - _mul_rn(t, t, GPU)))
-            _store_bf16(dc_ptr + rows64[:, None] * F + cols[None, :], dc, mask)
-        if REGEN:
-            if HAS_PROBS:
-                _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f * p, mask)
-            else:
-                _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, mask)
-        if HAS_PROBS:
-            runs = _run_sums(tl.where(mask, _mul_rn(g, f, GPU), 0.0), BM, BF)
+            runs = _run_sums(gf, BM, BF)
             for j in tl.static_range(BF // 16):  # run totals left to right (row_sum)
                 total = total + tl.sum(tl.where(run[None, :] == j, runs, 0.0), axis=1)
     if HAS_PROBS:

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, kernel_op, launch
-from .activation import _SRELU, _SWIGLU, _act_code, _clamp, _mul_rn, _relu, _run_sums, _sigmoid, _store_bf16, _tanh
+from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
 from .grouped_gemm import _bits, gemm_alpha, num_programs
 from .grouped_gemm_act import (check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_acc,
                                tile_table, widen)
@@ -63,42 +63,13 @@ def _grouped_gemm_dact_kernel(
         brow = grp.to(tl.int64) * F + cols
         acc = tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K, BM, BN, BK, NUM_STAGES)
         g = widen(gemm_out_bits(acc, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
-        # from here activation._act_bwd_kernel's loop body, operation for operation
         if HAS_PROBS:
             p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
-            gp = g * p
         else:
-            gp = g
-        if ACT == _SWIGLU:
-            a_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
-            a = to_float32(tl.load(a_ptrs, mask=mask, other=0.0))
-            u = to_float32(tl.load(a_ptrs + F, mask=mask, other=0.0))
-            sg = _sigmoid(a, GPU)
-            si = a * sg
-            f = si * u
-            dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
-            dc_ptrs = dc_ptr + arow[:, None] * (2 * F) + cols[None, :]
-            _store_bf16(dc_ptrs, dca, mask)
-            _store_bf16(dc_ptrs + F, gp * si, mask)
-        else:
-            c = to_float32(tl.load(c_ptr + arow[:, None] * F + cols[None, :], mask=mask, other=0.0))
-            if ACT == _SRELU:
-                r = _relu(c)
-                f = r * r
-                dc = gp * (2.0 * r)
-            else:
-                t = _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
-                b = clamp * t
-                f = b * b
-                dc = gp * ((2.0 * b) * (1.0 - _mul_rn(t, t, GPU)))
-            _store_bf16(dc_ptr + arow[:, None] * F + cols[None, :], dc, mask)
-        if REGEN:
-            if HAS_PROBS:
-                _store_bf16(d_ptr + arow[:, None] * F + cols[None, :], f * p, mask)
-            else:
-                _store_bf16(d_ptr + arow[:, None] * F + cols[None, :], f, mask)
+            p = 1.0  # unused
+        gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
         if HAS_PROBS:
-            runs = _run_sums(tl.where(mask, _mul_rn(g, f, GPU), 0.0), BM, BN)
+            runs = _run_sums(gf, BM, BN)
             run = tn * (BN // 16) + tl.arange(0, BN // 16)
             tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs, mask=row_ok[:, None] & (run < NR)[None, :])
 
