@@ -110,6 +110,22 @@ def _run_sums(v, BM: tl.constexpr, BF: tl.constexpr):
 
 
 @triton.jit
+def act_fwd_math(x, u, clamp, ACT: tl.constexpr, GPU: tl.constexpr):
+    """f(C) of activations.activation_forward in fp32, operation for operation: x is C, or
+    the gate half for SwiGLU with u the up half (u unused otherwise). The one copy of
+    this math: the unfused kernel and the fused fc1 epilogue call it."""
+    if ACT == _SWIGLU:
+        f = (x * _sigmoid(x, GPU)) * u
+    elif ACT == _SRELU:
+        r = _relu(x)
+        f = r * r
+    else:
+        b = clamp * _tanh(tl.math.div_rn(_relu(x), tl.zeros_like(x) + clamp), GPU)
+        f = b * b
+    return f
+
+
+@triton.jit
 def _act_fwd_kernel(
     c_ptr, p_ptr, d_ptr, T, F, clamp,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr,
@@ -121,15 +137,10 @@ def _act_fwd_kernel(
     if ACT == _SWIGLU:
         a = to_float32(tl.load(c_ptr + rows64[:, None] * (2 * F) + cols[None, :], mask=mask, other=0.0))
         u = to_float32(tl.load(c_ptr + rows64[:, None] * (2 * F) + F + cols[None, :], mask=mask, other=0.0))
-        f = (a * _sigmoid(a, GPU)) * u
+        f = act_fwd_math(a, u, clamp, ACT, GPU)
     else:
         c = to_float32(tl.load(c_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
-        if ACT == _SRELU:
-            r = _relu(c)
-            f = r * r
-        else:
-            b = clamp * _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
-            f = b * b
+        f = act_fwd_math(c, c, clamp, ACT, GPU)
     if HAS_PROBS:
         f = f * to_float32(tl.load(p_ptr + rows, mask=rows < T, other=0.0))[:, None]
     _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, mask)

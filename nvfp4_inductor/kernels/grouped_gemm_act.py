@@ -16,8 +16,8 @@ Why the bits match:
   then bf16((acc * 2**28) * alpha_g) with integer RNE.
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
   the epilogue can be contracted with anything of the activation) and repeats
-  ``activation._act_fwd_kernel`` operation for operation with its helpers (_relu, _tanh,
-  _sigmoid); then bf16 with integer RNE.
+  ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
+  with integer RNE.
 * pre-RHT amax: max |D| over the tile's valid rows and columns, ``atomic_max`` into the
   group's slot (fp32 atomic max of non-negative values: order-free, exact).
 * post-RHT amax: the tiles are group-aligned (a tile's rows are its group's local rows
@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._nvfp4 import bf16_round, load_token, rht16, to_float32
 from ._registry import INTERPRET, kernel_op, launch
-from .activation import _SRELU, _SWIGLU, _act_code, _clamp, _relu, _sigmoid, _tanh
+from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
 from .grouped_gemm import _UNSCALE, _bits, _load_deq, gemm_alpha, gemm_config, num_programs
 
 # ---------------------------------------------------------------------------------------
@@ -200,23 +200,14 @@ def _grouped_gemm_act_kernel(
             up = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow + F, row_ok, col_ok, K,
                                         BM, BN, BK, NUM_STAGES), alpha)
             store_bits(c_ptrs + F, up, mask)
-            # activation._act_fwd_kernel, SwiGLU
-            a = widen(gate)
-            u = widen(up)
-            f = (a * _sigmoid(a, GPU)) * u
+            f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GPU)
         else:
             brow = grp.to(tl.int64) * F + cols
             cb = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
                                         BM, BN, BK, NUM_STAGES), alpha)
             store_bits(c_ptr + arow[:, None] * F + cols[None, :], cb, mask)
-            # activation._act_fwd_kernel, SReLU / tanh-SReLU
             c = widen(cb)
-            if ACT == _SRELU:
-                r = _relu(c)
-                f = r * r
-            else:
-                b = clamp * _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
-                f = b * b
+            f = act_fwd_math(c, c, clamp, ACT, GPU)
         if HAS_PROBS:
             f = f * to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         d = bf16_round(f)
