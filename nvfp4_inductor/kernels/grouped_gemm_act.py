@@ -15,8 +15,8 @@ Why the bits match:
   step, low nibbles then high, same BM/BN/BK/warps/stages from ``gemm_config("fprop")``),
   then bf16((acc * 2**28) * alpha_g) with integer RNE.
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
-  the epilogue can be contracted with anything of the activation) and repeats
-  ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
+  the epilogue can be contracted with anything of the activation) and
+  calls ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
   with integer RNE.
 * pre-RHT amax: max |D| over the tile's valid rows and columns, ``atomic_max`` into the
   group's slot (fp32 atomic max of non-negative values: order-free, exact).
