@@ -1,16 +1,19 @@
 """Fused GEMM epilogues (kernels/grouped_gemm_act.py, kernels/grouped_gemm_dact.py) against
 the unfused kernels they stand in for, byte for byte (STYLE 20):
 
-    grouped_gemm_act  == grouped_gemm -> activation_forward -> group_hadamard_amax
+    grouped_gemm_act  == grouped_gemm_via_bf16 -> activation_forward -> group_hadamard_amax
                          (the amaxes also == numerics.group_hadamard_amax_torch of that D)
-    grouped_gemm_dact == grouped_gemm -> activation_backward (dC, dp, regenerated D)
+    grouped_gemm_dact == grouped_gemm_via_bf16 -> activation_backward (dC, dp, regenerated D)
+
+grouped_gemm_via_bf16 (dequantize -> bf16-operand GEMM) is the Triton lowering's fprop/dgrad
+since benchmarks/NOTES.md run P1; the fused kernels share its K loop (``bf16_tile_acc``).
 
 Bit-identity with the unfused kernels is what lets the compiled path use the fused ones
 while eager uses the unfused ones (compiled == eager bitwise). The references are the
 Triton kernels on the same device, so the transcendental activations are exact too.
 
 On a machine without CUDA, tests/conftest.py sets TRITON_INTERPRET=1 and everything runs
-in the interpreter on CPU tensors (tiny shapes, 32x32x64 tiles: groups span several M
+in the interpreter on CPU tensors (tiny shapes, 32x32x32 tiles: groups span several M
 tiles, F several N tiles). ``@pytest.mark.gpu`` tests run bigger shapes with the H200
 tile config (``pytest -m gpu``). Cases are data: uneven groups, empty groups, sizes not
 multiples of 16 or of the tile height.
@@ -31,7 +34,10 @@ from _assertions import assert_bytes_equal
 triton = pytest.importorskip("triton")
 from nvfp4_inductor import kernels  # noqa: E402
 from nvfp4_inductor.kernels.activation import activation_backward, activation_forward  # noqa: E402
-from nvfp4_inductor.kernels.grouped_gemm import GemmConfig, grouped_gemm, override_config  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm import grouped_gemm  # noqa: E402  (in-register: K-order check only)
+from nvfp4_inductor.kernels.grouped_gemm_bf16 import (  # noqa: E402
+    Bf16GemmConfig, grouped_gemm_via_bf16, override_config,
+)
 from nvfp4_inductor.kernels.grouped_gemm_act import grouped_gemm_act  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_dact import grouped_gemm_dact  # noqa: E402
 
@@ -49,6 +55,7 @@ class Case:
     sizes: tuple[int, ...]
     hidden: int  # K of fc1, N of the fc2 dgrad's dY
     ffn: int  # F (D's width); F1 = 2F for SwiGLU
+    cancel: bool = False  # GEMM operands from _cancelling (K order visible in the bits)
 
     def __str__(self):
         return self.name
@@ -59,6 +66,24 @@ UNEVEN = Case("uneven_empty", (5, 0, 37, 16, 22, 0), 64, 48)
 # groups of 1 and 15 tokens (one partial run), 17 and 33 (a run of 1 after full runs)
 SMALL = Case("tiny_groups", (0, 1, 15, 17, 0, 33), 32, 32)
 GPU_CASE = Case("gpu_uneven", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 768)
+# K order made visible (_cancelling); F = 48 is not a multiple of the 32-column tiles, so the
+# fused SwiGLU kernel holds C's up columns F + j at other tile positions than the unfused GEMM
+CANCEL = Case("cancelling", (5, 0, 37, 16, 22, 0), 64, 48, cancel=True)
+# the same on the GPU: F = 640 is not a multiple of the H200 config's 256-column tiles
+GPU_CANCEL = Case("gpu_cancelling", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 640, cancel=True)
+
+
+def _cancelling(a, b, gen):
+    """In place on fp32 a (T, K) and b (..., N, K): K blocks 0 and 2 (16 elements each) large
+    and cancelling (a's equal, b's opposite), the rest small. fp32 partial sums drop the small
+    terms differently in different K orders, so unlike plain random inputs (whose sums are
+    exact in fp32 at these sizes) these show which K loop produced a GEMM's bits."""
+    a.mul_(2.0**-4)
+    b.mul_(2.0**-4)
+    a[:, 0:16] = torch.randn(a.shape[0], 16, generator=gen) * 2.0**8
+    a[:, 32:48] = a[:, 0:16]
+    b[..., 0:16] = torch.randn(*b.shape[:-1], 16, generator=gen) * 2.0**8
+    b[..., 32:48] = -b[..., 0:16]
 
 
 def _clamp(activation):
@@ -71,8 +96,11 @@ def fc1_inputs(case: Case, activation: str, with_probs: bool, seed: str):
     sizes = torch.tensor(case.sizes, dtype=torch.int64)
     tokens, groups = sum(case.sizes), len(case.sizes)
     f1 = 2 * case.ffn if activation == "swiglu" else case.ffn
-    x = (torch.randn(tokens, case.hidden, generator=gen) * 3).to(torch.bfloat16)
-    w = (torch.randn(groups, f1, case.hidden, generator=gen) * 0.2).to(torch.bfloat16)
+    x = torch.randn(tokens, case.hidden, generator=gen) * 3
+    w = torch.randn(groups, f1, case.hidden, generator=gen) * 0.2
+    if case.cancel:
+        _cancelling(x, w, gen)
+    x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
     probs = torch.rand(tokens, generator=gen) if with_probs else None
     x, w, sizes = x.to(DEVICE), w.to(DEVICE), sizes.to(DEVICE)
     xq, wq = numerics.group_quantize_torch(x, sizes), numerics.quantize_weights_torch(w)
@@ -86,8 +114,11 @@ def dgrad_inputs(case: Case, activation: str, with_probs: bool, seed: str):
     sizes = torch.tensor(case.sizes, dtype=torch.int64)
     tokens, groups, f = sum(case.sizes), len(case.sizes), case.ffn
     f1 = 2 * f if activation == "swiglu" else f
-    dy = torch.randn(tokens, case.hidden, generator=gen).to(torch.bfloat16)
-    w2 = (torch.randn(groups, case.hidden, f, generator=gen) * 0.2).to(torch.bfloat16)
+    dy = torch.randn(tokens, case.hidden, generator=gen)
+    w2 = torch.randn(groups, case.hidden, f, generator=gen) * 0.2
+    if case.cancel:
+        _cancelling(dy, w2.transpose(1, 2), gen)  # K = H: W2's rows
+    dy, w2 = dy.to(torch.bfloat16), w2.to(torch.bfloat16)
     c = torch.randn(tokens, f1, generator=gen) * 3
     if tokens >= 2:
         c[0, :5] = -0.0
@@ -104,7 +135,7 @@ def check_act(case, activation, with_probs, sign_mask, label):
     args, probs = fc1_inputs(case, activation, with_probs, label)
     sizes, clamp = args[-1], _clamp(activation)
     c, d, pre, post = grouped_gemm_act(*args, probs, activation, clamp, sign_mask)
-    c_ref = grouped_gemm(*args)
+    c_ref = grouped_gemm_via_bf16(*args)
     d_ref = activation_forward(c_ref, probs, activation, clamp)
     pre_ref, post_ref = kernels.group_hadamard_amax(d_ref, sizes, sign_mask)
     assert_bytes_equal(c, c_ref, f"{label}: C")
@@ -122,7 +153,7 @@ def check_dact(case, activation, with_probs, regenerate, label):
     args, c, probs = dgrad_inputs(case, activation, with_probs, label)
     clamp = _clamp(activation)
     dc, dp, d = grouped_gemm_dact(*args, c, probs, activation, clamp, regenerate=regenerate)
-    dc_ref, dp_ref, d_ref = activation_backward(grouped_gemm(*args), c, probs, activation, clamp,
+    dc_ref, dp_ref, d_ref = activation_backward(grouped_gemm_via_bf16(*args), c, probs, activation, clamp,
                                                 regenerate=regenerate)
     assert_bytes_equal(dc, dc_ref, f"{label}: dC")
     for name, out, ref in (("dp", dp, dp_ref), ("D", d, d_ref)):
@@ -153,9 +184,18 @@ def test_act_small_groups(activation):
     check_act(SMALL, activation, True, 0xD7E8, f"act {SMALL} {activation}")
 
 
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_act_follows_the_bf16_k_order(activation):
+    """Inputs whose bits depend on the K order: the fused C equals grouped_gemm_via_bf16's,
+    which differs from the in-register grouped_gemm's (so the comparison can fail)."""
+    check_act(CANCEL, activation, True, 0xD7E8, f"act {CANCEL} {activation}")
+    args, _ = fc1_inputs(CANCEL, activation, True, f"act {CANCEL} {activation}")
+    assert (grouped_gemm(*args) != grouped_gemm_via_bf16(*args)).any(), "inputs do not show the K order"
+
+
 def test_act_other_tiles():
     """16x16 tiles, BK 32, 3 programs: one run per tile, tiles of a group on different programs."""
-    with override_config(fprop=GemmConfig(16, 16, 32, 4, 1, 3)):
+    with override_config(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
         check_act(SMALL, "swiglu", True, 0xD7E8, "act 16x16 tiles swiglu")
 
 
@@ -163,7 +203,7 @@ def test_act_without_amax():
     args, probs = fc1_inputs(SMALL, "srelu", True, "no amax")
     c, d, pre, post = grouped_gemm_act(*args, probs, "srelu", None, 0xD7E8, want_amax=False)
     assert pre is None and post is None
-    c_ref = grouped_gemm(*args)
+    c_ref = grouped_gemm_via_bf16(*args)
     assert_bytes_equal(c, c_ref, "want_amax=False: C")
     assert_bytes_equal(d, activation_forward(c_ref, probs, "srelu"), "want_amax=False: D")
 
@@ -181,8 +221,15 @@ def test_dact_small_groups(activation):
     check_dact(SMALL, activation, True, True, f"dact {SMALL} {activation}")
 
 
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_dact_follows_the_bf16_k_order(activation):
+    check_dact(CANCEL, activation, True, True, f"dact {CANCEL} {activation}")
+    args, _, _ = dgrad_inputs(CANCEL, activation, True, f"dact {CANCEL} {activation}")
+    assert (grouped_gemm(*args) != grouped_gemm_via_bf16(*args)).any(), "inputs do not show the K order"
+
+
 def test_dact_other_tiles():
-    with override_config(fprop=GemmConfig(16, 16, 32, 4, 1, 3)):
+    with override_config(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
         check_dact(SMALL, "swiglu", True, True, "dact 16x16 tiles swiglu")
 
 
@@ -202,7 +249,7 @@ def test_zero_tokens_and_errors():
     with pytest.raises(ValueError, match="sign_mask"):
         grouped_gemm_act(*args, probs, "srelu", None, 0x10000)
     with pytest.raises(ValueError, match="epilogues need block_m"):
-        with override_config(fprop=GemmConfig(24, 32, 64, 4, 1, 2)):
+        with override_config(fprop=Bf16GemmConfig(24, 32, 32, 4, 1, 2)):
             grouped_gemm_act(*args, probs, "srelu", None, 0)
     dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "f24")
     f24 = (*dargs[:3], dargs[3][:, :24], dargs[4][:, :24], *dargs[5:])  # F = 24: not whole runs of 16
@@ -260,3 +307,15 @@ def test_gpu_act_and_dact_equal_unfused(activation):
 def test_gpu_no_probs_mask0():
     check_act(GPU_CASE, "srelu", False, 0, "gpu act srelu no probs mask 0")
     check_dact(GPU_CASE, "srelu", False, False, "gpu dact srelu no probs")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_k_order_and_unaligned_f():
+    """K order visible and F % BN != 0: C's up columns at other tile positions in the fused
+    SwiGLU kernel than in the unfused GEMM; bitwise equal only if the MMA's result for an
+    element does not depend on its column in the tile."""
+    check_act(GPU_CANCEL, "swiglu", True, 0xD7E8, "gpu act swiglu cancelling F=640")
+    check_dact(GPU_CANCEL, "swiglu", True, True, "gpu dact swiglu cancelling F=640")
+    args, _ = fc1_inputs(GPU_CANCEL, "swiglu", True, "gpu act swiglu cancelling F=640")
+    assert (grouped_gemm(*args) != grouped_gemm_via_bf16(*args)).any(), "inputs do not show the K order"

@@ -6,6 +6,11 @@ under the Triton interpreter on CPU.
 Kernel ``_grouped_gemm_kernel``; launcher ``grouped_gemm``; op ``nvfp4_kernels::grouped_gemm``.
 Reference twin: ``numerics.grouped_gemm_torch`` (same arguments, same return type).
 
+Not the Triton lowering's fprop/dgrad since benchmarks/NOTES.md run P1: that is
+``grouped_gemm_bf16.grouped_gemm_via_bf16`` (dequantize to bf16, then a bf16-operand GEMM,
+1.3-2.25x faster on the H200), whose K loop the fused epilogue kernels share. This kernel
+stays available and tested (tests/test_kernels_gemm.py) as the in-register alternative.
+
 Operands. a: row-wise grouped copy, data (T, K/2) uint8, scales (T, K/16) E4M3, amax (G,);
 b: per-expert copies (G, N, K/2), (G, N, K/16), amax (G,). deq() = e2m1 * e4m3 has at most
 6 significant bits and lies in [2**-10, 2688], so it is exact in fp16 and in bf16 (SPEC 7).

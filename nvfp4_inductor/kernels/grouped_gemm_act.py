@@ -1,19 +1,24 @@
 """fc1 forward in one launch: the grouped NVFP4 GEMM with the activation and D's amax in
 its epilogue, bit for bit the unfused chain
 
-    C = kernels.grouped_gemm(a, b_W1)                        (T, F1) bf16, saved for backward
+    C = kernels.grouped_gemm_via_bf16(a, b_W1)               (T, F1) bf16, saved for backward
     D = kernels.activation.activation_forward(C, p, act)     (T, F)  bf16, the fc2 input
     (pre, post) = kernels.group_hadamard_amax(D, sizes, mask)   (G,) fp32 each
 
 Kernel ``_grouped_gemm_act_kernel``; launcher ``grouped_gemm_act``; op
 ``nvfp4_kernels::grouped_gemm_act``. Its reference is that chain (numerics.grouped_gemm_torch,
 activations.activation_forward, numerics.group_hadamard_amax_torch), up to the GEMM's
-fp32 summation order, which is grouped_gemm's (same tile config, same K loop).
+fp32 summation order, which is grouped_gemm_via_bf16's (same tile config, same K loop).
 
 Why the bits match:
-* C: the same K loop as ``grouped_gemm`` (``tile_acc`` repeats its body: two dots per K
-  step, low nibbles then high, same BM/BN/BK/warps/stages from ``gemm_config("fprop")``),
-  then bf16((acc * 2**28) * alpha_g) with integer RNE.
+* C: the launcher dequantizes both operands to transient bf16 deq() copies
+  (``dequantize.dequantize_bf16``, as ``grouped_gemm_via_bf16`` does), and the kernel calls
+  ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of ``_grouped_gemm_bf16_kernel``, one
+  copy for the three kernels (natural K order) -- with the same BM/BN/BK/warps/stages/TMA
+  from ``bf16_gemm_config("fprop")``, then bf16(((acc * 2**-28) * 2**28) * alpha_g) with
+  integer RNE (``store_bf16``'s value; both power-of-2 multiplies are exact).
+  (Before run P1's decision the fused kernels repeated the in-register K loop of
+  ``grouped_gemm``; that kernel stays available but the Triton lowering no longer uses it.)
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
   the epilogue can be contracted with anything of the activation) and
   calls ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
@@ -28,8 +33,12 @@ Why the bits match:
   load pattern (``load_token``) of ``group_amax``, so the same bf16 D gives the same bits.
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
-C that feed them (gate columns j, up columns F + j) in two K loops of grouped_gemm's
-shape; the gate half is held as bf16 bits while the up half accumulates.
+C that feed them (gate columns j, up columns F + j) in two calls of the K loop; the
+gate half is held as bf16 bits while the up half accumulates. When F % BN != 0 the up
+column F + j sits at another position of its tile than in the unfused GEMM, so the bits
+match only if an MMA's result for an element does not depend on its column in the tile:
+true of the interpreter (``grouped_gemm_bf16._mma`` sums each K step exactly), to be
+confirmed on the GPU by tests/test_kernels_epilogue.py::test_gpu_k_order_and_unaligned_f.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ import triton.language as tl
 from ._nvfp4 import bf16_round, load_token, rht16, to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
-from .grouped_gemm import _UNSCALE, _bits, _load_deq, gemm_alpha, gemm_config, num_programs
+from .dequantize import dequantize_bf16
+from .grouped_gemm import _UNSCALE, gemm_alpha, num_programs
+from .grouped_gemm_bf16 import _PRESCALE, bf16_gemm_config, bf16_tile_acc, use_tma
 
 # ---------------------------------------------------------------------------------------
 # Device helpers shared with grouped_gemm_dact.py
@@ -75,33 +86,9 @@ def locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, N, BN: tl.constexpr
 
 
 @triton.jit
-def tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """The fp32 accumulator of one output tile: grouped_gemm's K loop, step for step."""
-    K2 = K // 2
-    K16 = K // 16
-    kh = tl.arange(0, BK // 2)
-    kb = tl.arange(0, BK // 16)
-    a_ptrs = a_ptr + arow[:, None] * K2 + kh[None, :]
-    b_ptrs = b_ptr + brow[:, None] * K2 + kh[None, :]
-    as_ptrs = a_scale_ptr + arow[:, None] * K16 + kb[None, :]
-    bs_ptrs = b_scale_ptr + brow[:, None] * K16 + kb[None, :]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
-        a_lo, a_hi, b_lo, b_hi = _load_deq(a_ptrs, b_ptrs, as_ptrs, bs_ptrs, row_ok, col_ok, kh, kb, k0, K2, K16,
-                                           BM, BN, BK)
-        acc = tl.dot(a_lo, tl.trans(b_lo), acc)
-        acc = tl.dot(a_hi, tl.trans(b_hi), acc)
-        a_ptrs += BK // 2
-        b_ptrs += BK // 2
-        as_ptrs += BK // 16
-        bs_ptrs += BK // 16
-    return acc
-
-
-@triton.jit
 def gemm_out_bits(acc, alpha):
-    """bf16((acc * 2**28) * alpha) as uint16 bits: grouped_gemm.store_bf16's value."""
+    """bf16((acc * 2**28) * alpha) as uint16 bits: grouped_gemm.store_bf16's value (the
+    bf16-operand kernels pass acc * 2**-28, as _grouped_gemm_bf16_kernel does)."""
     y = bf16_round((acc * _UNSCALE) * alpha)
     return (y.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
 
@@ -173,13 +160,14 @@ def _post_rht_amax(d_ptr, row0, local_start, size, col0, F, sign_mask,
 
 @triton.jit
 def _grouped_gemm_act_kernel(
-    a_ptr, a_scale_ptr, a_amax_ptr, b_ptr, b_scale_ptr, b_amax_ptr, sizes_ptr, p_ptr,
+    a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, p_ptr,
     c_ptr, d_ptr, pre_ptr, post_ptr,
     F, K, G, clamp, sign_mask,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, AMAX: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
+    """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); C (T, F1), D (T, F) bf16."""
     gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
     total = tl.max(tile_end, 0)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
@@ -192,19 +180,21 @@ def _grouped_gemm_act_kernel(
         arow = (row0 + rows).to(tl.int64)
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, grp)
         if ACT == _SWIGLU:
-            brow = grp.to(tl.int64) * (2 * F) + cols
+            b0 = grp.to(tl.int64) * (2 * F)  # W1's gate rows b0 + [0, F), up rows b0 + F + [0, F)
             c_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
-            gate = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
-                                          BM, BN, BK, NUM_STAGES), alpha)
+            acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0, F, tn * BN, K,
+                                BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+            gate = gemm_out_bits(acc * _PRESCALE, alpha)
             store_bits(c_ptrs, gate, mask)
-            up = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow + F, row_ok, col_ok, K,
-                                        BM, BN, BK, NUM_STAGES), alpha)
+            acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0 + F, F, tn * BN, K,
+                                BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+            up = gemm_out_bits(acc * _PRESCALE, alpha)
             store_bits(c_ptrs + F, up, mask)
             f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GPU)
         else:
-            brow = grp.to(tl.int64) * F + cols
-            cb = gemm_out_bits(tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K,
-                                        BM, BN, BK, NUM_STAGES), alpha)
+            acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
+                                BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+            cb = gemm_out_bits(acc * _PRESCALE, alpha)
             store_bits(c_ptr + arow[:, None] * F + cols[None, :], cb, mask)
             c = widen(cb)
             f = act_fwd_math(c, c, clamp, ACT, GPU)
@@ -226,10 +216,11 @@ def _grouped_gemm_act_kernel(
 
 
 def epilogue_config(device: torch.device):
-    """grouped_gemm's fprop tile config (its BK sets the K order, so it must be the same),
-    checked for what the epilogues need: BM % 16 == 0 (runs of 16 tokens start at
-    group start + 16k), BN % 16 == 0 (dprob's runs of 16 columns)."""
-    cfg = gemm_config("fprop", device)
+    """grouped_gemm_via_bf16's fprop tile config (``bf16_gemm_config("fprop")``: the same
+    tiles, K steps and loads as the unfused GEMM), checked for what the epilogues need:
+    BM % 16 == 0 (runs of 16 tokens start at group start + 16k), BN % 16 == 0 (dprob's
+    runs of 16 columns)."""
+    cfg = bf16_gemm_config("fprop", device)
     if cfg.block_m % 16 or cfg.block_n % 16:
         raise ValueError(f"fused GEMM epilogues need block_m and block_n multiples of 16, got {cfg}")
     return cfg
@@ -237,32 +228,32 @@ def epilogue_config(device: torch.device):
 
 @kernel_op("nvfp4_kernels::grouped_gemm_act")
 def _grouped_gemm_act_op(
-    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
-    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
     group_sizes: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float, sign_mask: int,
     want_amax: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Scales as uint8 bits; every tensor contiguous. Returns (C (T, F1), D (T, F) bf16,
-    pre (G,), post (G,) fp32; the amaxes are zeros unless want_amax)."""
-    tokens = a_data.shape[0]
-    groups, f1, half = b_data.shape
+    """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); every tensor contiguous. Returns
+    (C (T, F1), D (T, F) bf16, pre (G,), post (G,) fp32; the amaxes are zeros unless want_amax)."""
+    tokens, k = a.shape
+    groups, f1, _ = b.shape
     f = f1 // 2 if act == _SWIGLU else f1
-    c = a_data.new_empty(tokens, f1, dtype=torch.bfloat16)
-    d = a_data.new_empty(tokens, f, dtype=torch.bfloat16)
-    pre = a_data.new_zeros(groups, dtype=torch.float32)
-    post = a_data.new_zeros(groups, dtype=torch.float32)
+    c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
+    d = a.new_empty(tokens, f, dtype=torch.bfloat16)
+    pre = a.new_zeros(groups, dtype=torch.float32)
+    post = a.new_zeros(groups, dtype=torch.float32)
     if tokens == 0 or f == 0 or groups == 0:
         return c, d, pre, post
-    cfg = epilogue_config(a_data.device)
-    programs = num_programs(cfg, a_data.device)
+    cfg = epilogue_config(a.device)
+    programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_act_kernel, (programs,),
-        a_ptr=a_data, a_scale_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, b_scale_ptr=b_scale,
-        b_amax_ptr=b_amax, sizes_ptr=group_sizes, p_ptr=probs if probs is not None else a_amax,
-        c_ptr=c, d_ptr=d, pre_ptr=pre, post_ptr=post, F=f, K=2 * half, G=groups, clamp=clamp, sign_mask=sign_mask,
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes,
+        p_ptr=probs if probs is not None else a_amax,
+        c_ptr=c, d_ptr=d, pre_ptr=pre, post_ptr=post, F=f, K=k, G=groups, clamp=clamp, sign_mask=sign_mask,
         ACT=act, HAS_PROBS=probs is not None, AMAX=want_amax, GPU=not INTERPRET,
         BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        BC=min(32, cfg.block_n), NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        BC=min(32, cfg.block_n), NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
+        EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )
     return c, d, pre, post
 
@@ -299,12 +290,13 @@ def grouped_gemm_act(
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """fc1 + activation (+ D's amax): (C, D, pre-RHT amax, post-RHT amax), bit for bit
 
-        C = grouped_gemm(a..., b..., group_sizes)
+        C = grouped_gemm_via_bf16(a..., b..., group_sizes)
         D = activation.activation_forward(C, probs, activation, tanh_clamp_scale)
         pre, post = group_hadamard_amax(D, group_sizes, sign_mask)   (None, None unless want_amax)
 
     a: x's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W1's row-wise copies
-    (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first)."""
+    (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first). The bf16
+    deq() copies of a and b (``dequantize_bf16``) live only inside this call."""
     check_gemm_operands("grouped_gemm_act", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     if act == _SWIGLU and b_data.shape[1] % 2:
@@ -313,9 +305,10 @@ def grouped_gemm_act(
         raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if not 0 <= sign_mask < 2**16:
         raise ValueError(f"grouped_gemm_act: sign_mask must be a 16-bit mask, got {sign_mask:#x}")
+    a = dequantize_bf16(a_data, a_scale)
+    b = dequantize_bf16(b_data, b_scale)
     c, d, pre, post = _grouped_gemm_act_op(
-        a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
-        b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), group_sizes.contiguous(),
+        a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         probs.contiguous() if probs is not None else None, act, clamp, int(sign_mask), bool(want_amax),
     )
     return (c, d, pre, post) if want_amax else (c, d, None, None)

@@ -7,7 +7,11 @@ inside the K loop).
 
 Same signatures and results as ``grouped_gemm`` / ``grouped_gemm_wgrad`` (twins:
 ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch``). The bf16 copies are
-transient (made and freed inside the call, never saved for backward).
+transient (made and freed inside the call, never saved for backward). Both are the Triton
+lowering's GEMMs since benchmarks/NOTES.md run P1. The fprop K loop is one helper,
+``bf16_tile_acc``, called by ``_grouped_gemm_bf16_kernel`` and by the fused epilogue
+kernels (grouped_gemm_act.py, grouped_gemm_dact.py) with the same config
+(``bf16_gemm_config("fprop")``), so fused and unfused C/G are equal bit for bit.
 
 Numerics: deq() is exact in bf16 (dequantize.py), the tensor cores multiply exactly and
 accumulate in fp32 in natural K order (the in-register kernels permute K: low nibbles, then
@@ -52,10 +56,56 @@ _UPCAST: tl.constexpr = tl.constexpr(INTERPRET)
 @triton.jit
 def _mma(a, b, acc):
     """acc + a . b^T. The interpreter (triton 3.9) multiplies bf16 tiles as their integer
-    bits: there the exact bf16 values go through fp32 (bf16 products are exact in fp32)."""
+    bits, so there the exact bf16 values go through fp64, and each K step's dot is exact:
+    deq() products are multiples of 2**-20 below 2**23, so a sum of BK < 2**10 of them
+    has at most 53 bits, whatever order numpy's BLAS sums them in; it is rounded to fp32
+    once and added to acc. (Through fp32, the BLAS's order depends on the output's column
+    position in the tile, and the fused SwiGLU kernel places C's up columns F + j at
+    other positions than the unfused GEMM does when F % BN != 0.)"""
     if _UPCAST:
-        return tl.dot(a.to(tl.float32), tl.trans(b).to(tl.float32), acc)
+        return acc + tl.dot(a.to(tl.float64), tl.trans(b).to(tl.float64), out_dtype=tl.float64).to(tl.float32)
     return tl.dot(a, tl.trans(b), acc)
+
+
+@triton.jit
+def bf16_tile_acc(a_ptr, b_ptr, a_base, a_len, a_off, b_base, b_len, b_off, K,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """The fp32 accumulator of one (BM, BN) output tile of a . b^T in natural K order:
+    a's rows a_base + a_off + [0, BM) of a (*, K) bf16 matrix, b's rows b_base + b_off +
+    [0, BN) of a (*, K) one, each operand seen as the a_len (b_len) rows from a_base
+    (b_base); rows past that end are clamped (pointers) or zero-filled (TMA), and their
+    output rows/columns must not be stored. The one K loop of the fprop/dgrad kernel and
+    of the fused epilogue kernels (grouped_gemm_act.py, grouped_gemm_dact.py), so their
+    accumulators are equal bit for bit for equal operands and config."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr + a_base.to(tl.int64) * K, shape=[a_len, K], strides=[K, 1],
+                                           block_shape=[BM, BK])
+        b_desc = tl.make_tensor_descriptor(b_ptr + b_base.to(tl.int64) * K, shape=[b_len, K], strides=[K, 1],
+                                           block_shape=[BN, BK])
+        for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
+            a = a_desc.load([a_off, k0])
+            b = b_desc.load([b_off, k0])
+            acc = _mma(a, b, acc)
+    else:
+        kk = tl.arange(0, BK)
+        arow = (a_base + tl.minimum(a_off + tl.arange(0, BM), a_len - 1)).to(tl.int64)  # clamped: not stored
+        brow = (b_base + tl.minimum(b_off + tl.arange(0, BN), b_len - 1)).to(tl.int64)
+        a_ptrs = a_ptr + arow[:, None] * K + kk[None, :]
+        b_ptrs = b_ptr + brow[:, None] * K + kk[None, :]
+        for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = (k0 + kk) < K
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+            acc = _mma(a, b, acc)
+            a_ptrs += BK
+            b_ptrs += BK
+    return acc
 
 
 # ---------------------------------------------------------------------------------------
@@ -77,33 +127,8 @@ def _grouped_gemm_bf16_kernel(
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size
         col_ok = cols < N
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if TMA:
-            a_desc = tl.make_tensor_descriptor(a_ptr + row0.to(tl.int64) * K, shape=[size, K], strides=[K, 1],
-                                               block_shape=[BM, BK])
-            b_desc = tl.make_tensor_descriptor(b_ptr + g.to(tl.int64) * N * K, shape=[N, K], strides=[K, 1],
-                                               block_shape=[BN, BK])
-            for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
-                a = a_desc.load([tm * BM, k0])
-                b = b_desc.load([tn * BN, k0])
-                acc = _mma(a, b, acc)
-        else:
-            kk = tl.arange(0, BK)
-            arow = (row0 + tl.minimum(rows, size - 1)).to(tl.int64)  # clamped: not stored
-            brow = g.to(tl.int64) * N + tl.minimum(cols, N - 1)
-            a_ptrs = a_ptr + arow[:, None] * K + kk[None, :]
-            b_ptrs = b_ptr + brow[:, None] * K + kk[None, :]
-            for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
-                if EVEN_K:
-                    a = tl.load(a_ptrs)
-                    b = tl.load(b_ptrs)
-                else:
-                    k_ok = (k0 + kk) < K
-                    a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-                    b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
-                acc = _mma(a, b, acc)
-                a_ptrs += BK
-                b_ptrs += BK
+        acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, g.to(tl.int64) * N, N, tn * BN, K,
+                            BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
         out_ptrs = out_ptr + (row0 + rows).to(tl.int64)[:, None] * N + cols[None, :]
         store_bf16(out_ptrs, acc * _PRESCALE, alpha, row_ok[:, None] & col_ok[None, :])
@@ -205,6 +230,15 @@ def _ensure_allocator() -> None:
         _ALLOCATOR_SET = True
 
 
+def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
+    """Whether a launch on `device` takes the TMA loads of `cfg` (CUDA only, K > 0); sets up
+    the descriptors' allocator when it does. Shared with the fused epilogue kernels."""
+    tma = cfg.tma and device.type == "cuda" and not INTERPRET and k > 0
+    if tma:
+        _ensure_allocator()
+    return tma
+
+
 def _programs(cfg: Bf16GemmConfig, device: torch.device) -> int:
     return num_programs(cfg, device)  # reads cfg.num_programs only
 
@@ -226,9 +260,7 @@ def _grouped_gemm_bf16_op(
     if k == 0 or groups == 0:
         return out.zero_()
     cfg = bf16_gemm_config("fprop", a.device)
-    tma = cfg.tma and a.device.type == "cuda" and not INTERPRET
-    if tma:
-        _ensure_allocator()
+    tma = use_tma(cfg, a.device, k)
     programs = _programs(cfg, a.device)
     launch(
         _grouped_gemm_bf16_kernel, (programs,),
@@ -254,9 +286,7 @@ def _grouped_gemm_wgrad_bf16_op(
     if p == 0:
         return out.zero_()
     cfg = bf16_gemm_config("wgrad", a.device)
-    tma = cfg.tma and a.device.type == "cuda" and not INTERPRET
-    if tma:
-        _ensure_allocator()
+    tma = use_tma(cfg, a.device, p)
     programs = _programs(cfg, a.device)
     # as in grouped_gemm_wgrad.py: the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
     launch(

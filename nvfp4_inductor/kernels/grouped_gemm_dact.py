@@ -1,17 +1,20 @@
 """fc2 dgrad with the activation backward in its epilogue, bit for bit the unfused chain
 
-    G = kernels.grouped_gemm(dYq, W2 col)                      (T, F) bf16, never stored
+    G = kernels.grouped_gemm_via_bf16(dYq, W2 col)             (T, F) bf16, never stored
     dC, dp, D = kernels.activation.activation_backward(G, C, p, act, regenerate=...)
 
 Kernels ``_grouped_gemm_dact_kernel`` (the GEMM and the elementwise epilogue, writing
 dprob partials) and ``_dp_sum_kernel`` (the partials' sums); launcher
 ``grouped_gemm_dact``; op ``nvfp4_kernels::grouped_gemm_dact``. Reference: that chain
 (numerics.grouped_gemm_torch, activations.activation_backward), up to the GEMM's fp32
-summation order, which is grouped_gemm's.
+summation order, which is grouped_gemm_via_bf16's.
 
 Why the bits match:
-* G: grouped_gemm's tile schedule and K loop (``grouped_gemm_act.tile_acc``, same config),
-  bf16((acc * 2**28) * alpha_g) with integer RNE, widened from its bits.
+* G: the launcher dequantizes dY's and W2's copies to transient bf16 deq() copies
+  (``dequantize_bf16``, as ``grouped_gemm_via_bf16`` does); the kernel runs
+  grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, the same config
+  ``bf16_gemm_config("fprop")`` via ``grouped_gemm_act.epilogue_config``), then
+  bf16(((acc * 2**-28) * 2**28) * alpha_g) with integer RNE, widened from its bits.
 * dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
   (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
   SwiGLU: G has F columns and dC 2F; program (tm, tn) reads C's gate and up columns
@@ -35,20 +38,22 @@ import triton.language as tl
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
-from .grouped_gemm import _bits, gemm_alpha, num_programs
-from .grouped_gemm_act import (check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_acc,
-                               tile_table, widen)
+from .dequantize import dequantize_bf16
+from .grouped_gemm import gemm_alpha, num_programs
+from .grouped_gemm_act import check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_table, widen
+from .grouped_gemm_bf16 import _PRESCALE, bf16_tile_acc, use_tma
 
 
 @triton.jit
 def _grouped_gemm_dact_kernel(
-    a_ptr, a_scale_ptr, a_amax_ptr, b_ptr, b_scale_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
+    a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
     dc_ptr, part_ptr, d_ptr,
     F, K, G, clamp,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
+    """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq())."""
     NR = F // 16  # dprob partials per row
     gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
     total = tl.max(tile_end, 0)
@@ -60,9 +65,9 @@ def _grouped_gemm_dact_kernel(
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
         arow = (row0 + rows).to(tl.int64)
-        brow = grp.to(tl.int64) * F + cols
-        acc = tile_acc(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, arow, brow, row_ok, col_ok, K, BM, BN, BK, NUM_STAGES)
-        g = widen(gemm_out_bits(acc, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
+        acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
+                            BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+        g = widen(gemm_out_bits(acc * _PRESCALE, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
         if HAS_PROBS:
             p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         else:
@@ -88,31 +93,32 @@ def _dp_sum_kernel(part_ptr, dp_ptr, T, NR, BM: tl.constexpr):
 
 @kernel_op("nvfp4_kernels::grouped_gemm_dact")
 def _grouped_gemm_dact_op(
-    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
-    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
     group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
     regenerate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (dC (T, F1) bf16, dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
-    tokens = a_data.shape[0]
-    groups, f, half = b_data.shape
+    """a (T, K) bf16, b (G, F, K) bf16 (deq() values), contiguous. Returns (dC (T, F1) bf16,
+    dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
+    tokens, k = a.shape
+    groups, f, _ = b.shape
     dc = c.new_empty(c.shape, dtype=torch.bfloat16)
     dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
     if tokens == 0 or f == 0:  # sizes sum to T, so G == 0 lands here too; K == 0 runs (G = 0)
         return dc, dp, d
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
-    cfg = epilogue_config(a_data.device)
-    programs = num_programs(cfg, a_data.device)
+    cfg = epilogue_config(a.device)
+    programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_dact_kernel, (programs,),
-        a_ptr=a_data, a_scale_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, b_scale_ptr=b_scale,
-        b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c, p_ptr=probs if probs is not None else a_amax,
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c,
+        p_ptr=probs if probs is not None else a_amax,
         dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
-        F=f, K=2 * half, G=groups, clamp=clamp,
+        F=f, K=k, G=groups, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
         BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
+        TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )
     if probs is not None:
         launch(_dp_sum_kernel, (triton.cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
@@ -137,11 +143,12 @@ def grouped_gemm_dact(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """fc2 dgrad + activation backward: (dC, dp or None, D or None), bit for bit
 
-        G = grouped_gemm(a..., b..., group_sizes)
+        G = grouped_gemm_via_bf16(a..., b..., group_sizes)
         activation.activation_backward(G, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
 
     a: dY's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W2's column-wise
-    copies (G, F, H/2), (G, F, H/16), amax (G,); c: the saved pre-activation (T, F1) bf16."""
+    copies (G, F, H/2), (G, F, H/16), amax (G,); c: the saved pre-activation (T, F1) bf16.
+    The bf16 deq() copies of a and b (``dequantize_bf16``) live only inside this call."""
     check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     f = b_data.shape[1]
@@ -152,9 +159,10 @@ def grouped_gemm_dact(
         raise ValueError(f"grouped_gemm_dact: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if probs is not None and f % 16:
         raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
+    a = dequantize_bf16(a_data, a_scale)
+    b = dequantize_bf16(b_data, b_scale)
     dc, dp, d = _grouped_gemm_dact_op(
-        a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
-        b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), group_sizes.contiguous(),
+        a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         c.contiguous(), probs.contiguous() if probs is not None else None, act, clamp, bool(regenerate),
     )
     return dc, (dp if probs is not None else None), (d if regenerate else None)

@@ -15,10 +15,9 @@ import torch
 from .. import activations, kernels
 from ..kernels.activation import activation_backward as _act_bwd_kernel
 from ..kernels.activation import activation_forward as _act_fwd_kernel
-from ..kernels.grouped_gemm import grouped_gemm
 from ..kernels.grouped_gemm_act import grouped_gemm_act
 from ..kernels.grouped_gemm_dact import grouped_gemm_dact
-from ..kernels.grouped_gemm_bf16 import grouped_gemm_wgrad_via_bf16
+from ..kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16
 from .base import Lowering
 
 
@@ -39,10 +38,11 @@ TRITON = Lowering(
     group_quantize=kernels.group_quantize,
     group_hadamard_amax=kernels.group_hadamard_amax,
     quantize_weights=kernels.quantize_weights,
-    grouped_gemm=grouped_gemm,
-    # wgrad: dequantize -> bf16 GEMM, 1.7-2.0x faster than in-register dequant (benchmarks/
-    # NOTES.md run P1); it has no fused twin, so eager and compiled still run the same kernels.
-    # grouped_gemm stays in-register: fc1_act_amax / fc2_dgrad_act repeat its K loop bit for bit.
+    # fprop/dgrad and wgrad: dequantize -> bf16 GEMM, 1.3-2.25x faster than in-register
+    # dequant (benchmarks/NOTES.md run P1). fc1_act_amax / fc2_dgrad_act run the same
+    # dequantize and the same K loop (grouped_gemm_bf16.bf16_tile_acc, same tile config), so
+    # the fused steps stay bit-identical to grouped_gemm -> activation (compiled == eager).
+    grouped_gemm=grouped_gemm_via_bf16,
     grouped_gemm_wgrad=grouped_gemm_wgrad_via_bf16,
     activation_forward=activation_forward,
     activation_backward=activation_backward,
