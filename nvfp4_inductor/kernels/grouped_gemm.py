@@ -42,6 +42,8 @@ past a group's end are masked to zero.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 
 import torch
@@ -211,20 +213,21 @@ def gemm_config(kind: str, device: torch.device) -> GemmConfig:
     return GemmConfig(256, 128, 64, 8, 3, 0)
 
 
-class override_config:
+@contextlib.contextmanager
+def pinned_configs(table: dict, **configs):
+    """Pin entries of a kind -> tile-config `table` for a ``with`` block (tests, benchmarks)."""
+    saved = dict(table)
+    table.update(configs)
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+
+
+def override_config(**configs: GemmConfig):
     """``with override_config(fprop=GemmConfig(...), wgrad=...)``: pin tile configs."""
-
-    def __init__(self, **configs: GemmConfig):
-        self.configs = configs
-
-    def __enter__(self):
-        self.saved = dict(_OVERRIDE)
-        _OVERRIDE.update(self.configs)
-        return self
-
-    def __exit__(self, *exc):
-        _OVERRIDE.clear()
-        _OVERRIDE.update(self.saved)
+    return pinned_configs(_OVERRIDE, **configs)
 
 
 def num_programs(cfg: GemmConfig, device: torch.device) -> int:
@@ -267,6 +270,21 @@ def _bits(scale: torch.Tensor) -> torch.Tensor:
     return (scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale).contiguous()
 
 
+def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> None:
+    """The operand rules of every fprop/dgrad-shaped GEMM (plain, bf16-path and fused)."""
+    if a_data.dim() != 2 or b_data.dim() != 3:
+        raise ValueError(f"{name}: a_data must be (T, K/2) and b_data (G, N, K/2), got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    groups, n, half = b_data.shape
+    if a_data.shape[1] != half or (2 * half) % 16:
+        raise ValueError(f"{name}: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
+    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
+        raise ValueError(f"{name}: scales must be (T, K/16) and (G, N, K/16), got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
+    if group_sizes.shape != (groups,):
+        raise ValueError(f"{name}: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
+
+
 def grouped_gemm(
     a_data: torch.Tensor,
     a_scale: torch.Tensor,
@@ -279,17 +297,7 @@ def grouped_gemm(
     """fprop / dgrad, the twin of ``numerics.grouped_gemm_torch``: a (T, K/2) uint8,
     (T, K/16) E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) int
     on the device (any non-negative sizes summing to T). Returns (T, N) bf16."""
-    if a_data.dim() != 2 or b_data.dim() != 3:
-        raise ValueError(f"grouped_gemm: a_data must be (T, K/2) and b_data (G, N, K/2), got "
-                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    groups, n, half = b_data.shape
-    if a_data.shape[1] != half or (2 * half) % 16:
-        raise ValueError(f"grouped_gemm: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
-    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
-        raise ValueError(f"grouped_gemm: scales must be (T, K/16) and (G, N, K/16), got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
-    if group_sizes.shape != (groups,):
-        raise ValueError(f"grouped_gemm: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
+    check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
     return _grouped_gemm_op(
         a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
         b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), group_sizes.contiguous(),

@@ -53,7 +53,7 @@ from ._nvfp4 import bf16_round, load_token, rht16, to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
 from .dequantize import dequantize_bf16
-from .grouped_gemm import _UNSCALE, gemm_alpha, num_programs
+from .grouped_gemm import _UNSCALE, check_gemm_operands, gemm_alpha, num_programs
 from .grouped_gemm_bf16 import _PRESCALE, bf16_gemm_config, bf16_tile_acc, use_tma
 
 # ---------------------------------------------------------------------------------------
@@ -256,21 +256,6 @@ def _grouped_gemm_act_op(
         EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )
     return c, d, pre, post
-
-
-def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> None:
-    """grouped_gemm's operand rules (same messages), for the fused launchers."""
-    if a_data.dim() != 2 or b_data.dim() != 3:
-        raise ValueError(f"{name}: a_data must be (T, K/2) and b_data (G, N, K/2), got "
-                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    groups, n, half = b_data.shape
-    if a_data.shape[1] != half or (2 * half) % 16:
-        raise ValueError(f"{name}: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
-    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
-        raise ValueError(f"{name}: scales must be (T, K/16) and (G, N, K/16), got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
-    if group_sizes.shape != (groups,):
-        raise ValueError(f"{name}: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
 
 
 def grouped_gemm_act(

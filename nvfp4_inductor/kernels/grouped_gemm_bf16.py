@@ -46,8 +46,9 @@ import triton.language as tl
 
 from ._registry import INTERPRET, kernel_op, launch
 from .dequantize import dequantize_bf16
-from .grouped_gemm import gemm_alpha, num_programs, store_bf16, tile_coords, tile_table
-from .grouped_gemm_wgrad import wgrad_tile
+from .grouped_gemm import (check_gemm_operands, gemm_alpha, num_programs, pinned_configs, store_bf16, tile_coords,
+                           tile_table)
+from .grouped_gemm_wgrad import check_wgrad_operands, wgrad_tile
 
 _PRESCALE: tl.constexpr = tl.constexpr(2.0**-28)  # store_bf16 multiplies by 2**28 again
 _UPCAST: tl.constexpr = tl.constexpr(INTERPRET)
@@ -203,20 +204,9 @@ def bf16_gemm_config(kind: str, device: torch.device) -> Bf16GemmConfig:
     return Bf16GemmConfig(128, 256, 64, 8, 3)
 
 
-class override_config:
+def override_config(**configs: Bf16GemmConfig):
     """``with override_config(fprop=Bf16GemmConfig(...), wgrad=...)``: pin tile configs."""
-
-    def __init__(self, **configs: Bf16GemmConfig):
-        self.configs = configs
-
-    def __enter__(self):
-        self.saved = dict(_OVERRIDE)
-        _OVERRIDE.update(self.configs)
-        return self
-
-    def __exit__(self, *exc):
-        _OVERRIDE.clear()
-        _OVERRIDE.update(self.saved)
+    return pinned_configs(_OVERRIDE, **configs)
 
 
 _ALLOCATOR_SET = False
@@ -239,10 +229,6 @@ def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
     return tma
 
 
-def _programs(cfg: Bf16GemmConfig, device: torch.device) -> int:
-    return num_programs(cfg, device)  # reads cfg.num_programs only
-
-
 # ---------------------------------------------------------------------------------------
 # Ops on bf16 operands
 
@@ -261,7 +247,7 @@ def _grouped_gemm_bf16_op(
         return out.zero_()
     cfg = bf16_gemm_config("fprop", a.device)
     tma = use_tma(cfg, a.device, k)
-    programs = _programs(cfg, a.device)
+    programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_bf16_kernel, (programs,),
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
@@ -287,7 +273,7 @@ def _grouped_gemm_wgrad_bf16_op(
         return out.zero_()
     cfg = bf16_gemm_config("wgrad", a.device)
     tma = use_tma(cfg, a.device, p)
-    programs = _programs(cfg, a.device)
+    programs = num_programs(cfg, a.device)
     # as in grouped_gemm_wgrad.py: the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
     launch(
         _grouped_gemm_wgrad_bf16_kernel, (programs,),
@@ -315,17 +301,7 @@ def grouped_gemm_via_bf16(
     arguments, checks and result up to fp32 accumulation order): a (T, K/2) uint8, (T, K/16)
     E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
     Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call."""
-    if a_data.dim() != 2 or b_data.dim() != 3:
-        raise ValueError(f"grouped_gemm: a_data must be (T, K/2) and b_data (G, N, K/2), got "
-                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    groups, n, half = b_data.shape
-    if a_data.shape[1] != half or (2 * half) % 16:
-        raise ValueError(f"grouped_gemm: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
-    if a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (groups, n, half // 8):
-        raise ValueError(f"grouped_gemm: scales must be (T, K/16) and (G, N, K/16), got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
-    if group_sizes.shape != (groups,):
-        raise ValueError(f"grouped_gemm: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
+    check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
     a = dequantize_bf16(a_data, a_scale)
     b = dequantize_bf16(b_data, b_scale)
     return _grouped_gemm_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
@@ -345,15 +321,7 @@ def grouped_gemm_wgrad_via_bf16(
     a (N, P/2) uint8, (N, P/16) E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,);
     padded_offsets (G+1,), multiples of 16, on the device. Returns (G, N, M) bf16 (zeros for
     an empty group). The bf16 deq() copies live only inside this call."""
-    if a_data.dim() != 2 or b_data.dim() != 2 or a_data.shape[1] != b_data.shape[1]:
-        raise ValueError(f"grouped_gemm_wgrad: a_data (N, P/2) and b_data (M, P/2) must share P, got "
-                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    half = a_data.shape[1]
-    if (2 * half) % 16 or a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (b_data.shape[0], half // 8):
-        raise ValueError(f"grouped_gemm_wgrad: scales must be (N, P/16) and (M, P/16) with P % 16 == 0, got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)} for P = {2 * half}")
-    if padded_offsets.dim() != 1 or padded_offsets.shape[0] < 1:
-        raise ValueError(f"grouped_gemm_wgrad: padded_offsets must be (G+1,), got {tuple(padded_offsets.shape)}")
+    check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
     a = dequantize_bf16(a_data, a_scale)
     b = dequantize_bf16(b_data, b_scale)
     return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),

@@ -39,8 +39,8 @@ from ._nvfp4 import to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
 from .dequantize import dequantize_bf16
-from .grouped_gemm import gemm_alpha, num_programs
-from .grouped_gemm_act import check_gemm_operands, epilogue_config, gemm_out_bits, locate_tile, tile_table, widen
+from .grouped_gemm import check_gemm_operands, gemm_alpha, num_programs
+from .grouped_gemm_act import epilogue_config, gemm_out_bits, locate_tile, tile_table, widen
 from .grouped_gemm_bf16 import _PRESCALE, bf16_tile_acc, use_tma
 
 

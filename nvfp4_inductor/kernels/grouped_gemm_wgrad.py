@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from ._registry import kernel_op, launch
-from .grouped_gemm import deq_nibbles, expand_scales, gemm_alpha, gemm_config, num_programs, scale_fp16, store_bf16
+from .grouped_gemm import (_bits, deq_nibbles, expand_scales, gemm_alpha, gemm_config, num_programs, scale_fp16,
+                           store_bf16)
 
 
 @triton.jit
@@ -111,8 +112,17 @@ def _grouped_gemm_wgrad_op(
     return out
 
 
-def _bits(scale: torch.Tensor) -> torch.Tensor:
-    return (scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale).contiguous()
+def check_wgrad_operands(name, a_data, a_scale, b_data, b_scale, padded_offsets) -> None:
+    """The operand rules of every wgrad-shaped GEMM (plain and bf16-path)."""
+    if a_data.dim() != 2 or b_data.dim() != 2 or a_data.shape[1] != b_data.shape[1]:
+        raise ValueError(f"{name}: a_data (N, P/2) and b_data (M, P/2) must share P, got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    half = a_data.shape[1]
+    if (2 * half) % 16 or a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (b_data.shape[0], half // 8):
+        raise ValueError(f"{name}: scales must be (N, P/16) and (M, P/16) with P % 16 == 0, got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)} for P = {2 * half}")
+    if padded_offsets.dim() != 1 or padded_offsets.shape[0] < 1:
+        raise ValueError(f"{name}: padded_offsets must be (G+1,), got {tuple(padded_offsets.shape)}")
 
 
 def grouped_gemm_wgrad(
@@ -127,15 +137,7 @@ def grouped_gemm_wgrad(
     """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
     E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,) int, multiples
     of 16, on the device. Returns (G, N, M) bf16 (zeros for an empty group)."""
-    if a_data.dim() != 2 or b_data.dim() != 2 or a_data.shape[1] != b_data.shape[1]:
-        raise ValueError(f"grouped_gemm_wgrad: a_data (N, P/2) and b_data (M, P/2) must share P, got "
-                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    half = a_data.shape[1]
-    if (2 * half) % 16 or a_scale.shape != (a_data.shape[0], half // 8) or b_scale.shape != (b_data.shape[0], half // 8):
-        raise ValueError(f"grouped_gemm_wgrad: scales must be (N, P/16) and (M, P/16) with P % 16 == 0, got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)} for P = {2 * half}")
-    if padded_offsets.dim() != 1 or padded_offsets.shape[0] < 1:
-        raise ValueError(f"grouped_gemm_wgrad: padded_offsets must be (G+1,), got {tuple(padded_offsets.shape)}")
+    check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
     return _grouped_gemm_wgrad_op(
         a_data.contiguous(), _bits(a_scale), a_amax.float().contiguous(),
         b_data.contiguous(), _bits(b_scale), b_amax.float().contiguous(), padded_offsets.contiguous(),
