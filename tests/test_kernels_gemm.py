@@ -140,10 +140,9 @@ def gemm_dims(step: Step, which: str) -> tuple[int, int]:
     }[which]
 
 
-@pytest.mark.parametrize("which", GEMMS)
-@pytest.mark.parametrize("step", STEPS, ids=str)
-def test_grouped_gemm_vs_fp64(step, which):
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{step.name}/{which}".encode()))
+def fprop_case(step, which, salt=""):
+    """Random NVFP4 operands of one fprop/dgrad GEMM of `step`: (a..., b..., sizes), K."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
     sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
     tokens, groups = sum(step.sizes), len(step.sizes)
     n, k = gemm_dims(step, which)
@@ -152,16 +151,12 @@ def test_grouped_gemm_vs_fp64(step, which):
     aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba[0] = 0.0  # alpha 0: a group whose weight amax is 0
-    out = grouped_gemm(a, sa, aa, b, sb, ba, sizes)
-    ref, absref = fprop_ref(a, sa, aa, b, sb, ba, sizes)
-    check_bound(out, ref, absref, k, f"{step} {which}")
-    assert_bytes_equal(grouped_gemm(a, sa, aa, b, sb, ba, sizes), out, f"{step} {which} determinism")
+    return (a, sa, aa, b, sb, ba, sizes), k
 
 
-@pytest.mark.parametrize("which", WGRADS)
-@pytest.mark.parametrize("step", STEPS, ids=str)
-def test_grouped_gemm_wgrad_vs_fp64(step, which):
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{step.name}/{which}".encode()))
+def wgrad_case(step, which, salt=""):
+    """Random column-wise NVFP4 operands of one wgrad GEMM of `step`: (a..., b..., offsets), P."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
     sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
     tokens, groups = sum(step.sizes), len(step.sizes)
     n, m = gemm_dims(step, which)
@@ -171,13 +166,31 @@ def test_grouped_gemm_wgrad_vs_fp64(step, which):
     b, sb = nvfp4(m, cap // 2, gen=gen)
     aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    out = grouped_gemm_wgrad(a, sa, aa, b, sb, ba, offsets)
-    ref, absref = wgrad_ref(a, sa, aa, b, sb, ba, offsets)
+    return (a, sa, aa, b, sb, ba, offsets), cap
+
+
+@pytest.mark.parametrize("which", GEMMS)
+@pytest.mark.parametrize("step", STEPS, ids=str)
+def test_grouped_gemm_vs_fp64(step, which):
+    args, k = fprop_case(step, which)
+    out = grouped_gemm(*args)
+    ref, absref = fprop_ref(*args)
+    check_bound(out, ref, absref, k, f"{step} {which}")
+    assert_bytes_equal(grouped_gemm(*args), out, f"{step} {which} determinism")
+
+
+@pytest.mark.parametrize("which", WGRADS)
+@pytest.mark.parametrize("step", STEPS, ids=str)
+def test_grouped_gemm_wgrad_vs_fp64(step, which):
+    args, cap = wgrad_case(step, which)
+    sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
+    out = grouped_gemm_wgrad(*args)
+    ref, absref = wgrad_ref(*args)
     check_bound(out, ref, absref, cap, f"{step} {which}")
     empty = (sizes == 0).nonzero().flatten().tolist()
     for g in empty:
         assert_bytes_equal(out[g], torch.zeros_like(out[g]), f"{step} {which}: empty group {g} is zeros")
-    assert_bytes_equal(grouped_gemm_wgrad(a, sa, aa, b, sb, ba, offsets), out, f"{step} {which} determinism")
+    assert_bytes_equal(grouped_gemm_wgrad(*args), out, f"{step} {which} determinism")
 
 
 def test_gemms_on_quantized_tensors():

@@ -32,7 +32,9 @@ from nvfp4_inductor.kernels.grouped_gemm_bf16 import (  # noqa: E402
     Bf16GemmConfig, grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16, override_config,
 )
 from nvfp4_inductor.kernels.grouped_gemm_wgrad import grouped_gemm_wgrad  # noqa: E402
-from test_kernels_gemm import STEPS, WGRADS, GEMMS, check_bound, fprop_ref, gemm_dims, nvfp4, wgrad_ref  # noqa: E402
+from test_kernels_gemm import (  # noqa: E402
+    GEMMS, STEPS, WGRADS, check_bound, fprop_case, fprop_ref, nvfp4, wgrad_case, wgrad_ref,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not kernels.available(DEVICE):
@@ -80,23 +82,10 @@ def test_dequantize_errors():
 # GEMMs: fp64 bound, determinism, agreement with the in-register kernels
 
 
-def fprop_case(step, which):
-    gen = torch.Generator().manual_seed(zlib.crc32(f"bf16/{step.name}/{which}".encode()))
-    sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
-    tokens, groups = sum(step.sizes), len(step.sizes)
-    n, k = gemm_dims(step, which)
-    a, sa = nvfp4(tokens, k // 2, gen=gen)
-    b, sb = nvfp4(groups, n, k // 2, gen=gen)
-    aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba[0] = 0.0
-    return (a, sa, aa, b, sb, ba, sizes), k
-
-
 @pytest.mark.parametrize("which", GEMMS)
 @pytest.mark.parametrize("step", STEPS, ids=str)
 def test_grouped_gemm_via_bf16(step, which):
-    args, k = fprop_case(step, which)
+    args, k = fprop_case(step, which, salt="bf16/")
     out = grouped_gemm_via_bf16(*args)
     ref, absref = fprop_ref(*args)
     check_bound(out, ref, absref, k, f"{step} {which} via bf16")
@@ -109,17 +98,8 @@ def test_grouped_gemm_via_bf16(step, which):
 @pytest.mark.parametrize("which", WGRADS)
 @pytest.mark.parametrize("step", STEPS, ids=str)
 def test_grouped_gemm_wgrad_via_bf16(step, which):
-    gen = torch.Generator().manual_seed(zlib.crc32(f"bf16/{step.name}/{which}".encode()))
+    args, cap = wgrad_case(step, which, salt="bf16/")
     sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
-    tokens, groups = sum(step.sizes), len(step.sizes)
-    n, m = gemm_dims(step, which)
-    cap = numerics.columnwise_capacity(tokens, groups)
-    _, _, offsets, _ = numerics.group_layout(sizes, tokens)
-    a, sa = nvfp4(n, cap // 2, gen=gen)
-    b, sb = nvfp4(m, cap // 2, gen=gen)
-    aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    args = (a, sa, aa, b, sb, ba, offsets)
     out = grouped_gemm_wgrad_via_bf16(*args)
     ref, absref = wgrad_ref(*args)
     check_bound(out, ref, absref, cap, f"{step} {which} via bf16")
