@@ -8,7 +8,10 @@ relative to the baseline, TFLOP/s (6 * T * H * F1' flops per GEMM trio, counted 
 for every row), peak memory, bytes saved for backward (unique storages, via
 saved_tensors_hooks). Times: triton.testing.do_bench median after warm-up, random data.
 
-    python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu]
+    python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu] [--profile]
+
+--profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
+(recompute on) sorted by time: where the time goes.
 """
 
 from __future__ import annotations
@@ -123,10 +126,33 @@ def measure(fn, args, grad):
     return ms, peak, saved_bytes(fn, args)
 
 
+def kernel_breakdown(fn, args, grad, top=14):
+    """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        y = fn(*args)
+        torch.autograd.grad(y, (args[0], args[1], args[2], args[4]), grad)
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    total = sum(e.device_time_total for e in events) / 3
+    rows = [[e.key[:60], str(e.count // 3), f"{e.device_time_total / 3 / 1e3:.3f}",
+             f"{100 * e.device_time_total / 3 / total:.0f}%"] for e in events[:top]]
+    return format_table(["kernel", "calls/step", "ms/step", "share"], rows) + f"\ntotal {total / 1e3:.3f} ms/step"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
+    parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
     args_ns = parser.parse_args()
     device = "cuda"
     rows = []
@@ -161,6 +187,8 @@ def main():
                              f"{flops / ms / 1e9:.0f}", f"{peak / 2**30:.2f}", f"{saved / 2**20:.0f}",
                              f"{saved / base_saved:.2f}"])
                 print(" | ".join(rows[-1]), flush=True)  # progress: a cut-off run still reports
+                if args_ns.profile and name == "nvfp4 compiled, recompute":
+                    print(kernel_breakdown(fn, (x, w1, w2, sizes, probs), grad), flush=True)
             torch._dynamo.reset()
     print(format_table(["shape", "act", "implementation", "time/bf16", "ms", "TFLOP/s", "peak GiB",
                         "saved MiB", "saved/bf16"], rows))

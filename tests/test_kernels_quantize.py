@@ -271,26 +271,53 @@ def test_e4m3_encoder_every_code_and_midpoint():
     assert_bytes_equal(out_f, numerics.e4m3_decode((i % 0x7F).to(torch.uint8)), "e4m3 decode")
 
 
+_PAST_SIX = torch.tensor([6.0001, 6.5, 7.0, 7.99, 8.0, 1e30, float("inf")])
+
+
 def test_e2m1_rne_ties_and_bf16_rounding():
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
     g = torch.Generator().manual_seed(1)
     vals = torch.cat((grid, ties, ties.nextafter(torch.tensor(0.0)), ties.nextafter(torch.tensor(9.0)), torch.tensor([-0.0])))
-    vals = torch.cat((vals, -vals[:-1], (torch.rand(1024 - 2 * vals.numel() + 1, generator=g) * 12 - 6)))
+    # the encoder takes x * enc unclamped and saturates itself: values past 6, up to inf
+    vals = torch.cat((vals, _PAST_SIX))
+    vals = torch.cat((vals, -vals[:-1], (torch.rand(1024 - 2 * vals.numel() + 1, generator=g) * 16 - 8)))
     f = vals.float().to(DEVICE)
     out_i, out_f = _probe(1, f, torch.zeros(1024, dtype=torch.int32, device=DEVICE))
-    assert_bytes_equal(out_i.to(torch.uint8), e2m1_encode(f), "e2m1 RNE")
+    assert_bytes_equal(out_i.to(torch.uint8), e2m1_encode(f.clamp(-6.0, 6.0)), "e2m1 RNE")
     assert_bytes_equal(out_f, f.to(torch.bfloat16).float(), "bf16 RNE")
 
 
 def test_e2m1_stochastic_matches_reference():
     g = torch.Generator().manual_seed(2)
-    f = (torch.rand(2048, generator=g) * 12 - 6)
+    f = (torch.rand(2048, generator=g) * 16 - 8)
     f[:8] = torch.tensor([6.0, -6.0, 0.0, -0.0, 0.5, 1.75, 4.0, 5.0])
+    f[8:8 + _PAST_SIX.numel()] = _PAST_SIX
+    # every byte against the grid points, their neighbours and the interval midpoints
+    grid = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 2.0**-10, 2.0**-9])
+    probes = torch.cat((grid, grid.nextafter(torch.tensor(0.0)), grid.nextafter(torch.tensor(9.0))))
+    f[64:64 + 256] = probes.repeat(6)[:256]
     r = torch.randint(0, 256, (2048,), generator=g, dtype=torch.int32)
+    r[64:64 + 256] = torch.arange(256, dtype=torch.int32)
     out_i, _ = _probe(2, f.to(DEVICE), r.to(DEVICE))
-    expected = numerics.e2m1_round_stochastic(f, r.to(torch.uint8))
+    expected = numerics.e2m1_round_stochastic(f.clamp(-6.0, 6.0), r.to(torch.uint8))
     assert_bytes_equal(out_i.to(torch.uint8).cpu(), expected, "e2m1 stochastic")
+
+
+def test_e2m1_stochastic_at_every_threshold():
+    """For each grid interval and each byte r: the exact threshold lo + (r + 0.5) / 256 * step
+    (stays down) and its fp32 neighbours on both sides (down, up)."""
+    lo = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0], dtype=torch.float64)
+    step = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0], dtype=torch.float64)
+    r = torch.arange(256, dtype=torch.float64)
+    at = (lo[:, None] + (r[None, :] + 0.5) / 256 * step[:, None]).float().flatten()  # exact in fp32
+    f = torch.cat((at, at.nextafter(torch.tensor(0.0)), at.nextafter(torch.tensor(9.0))))
+    f = torch.cat((f, -f, torch.zeros(16384 - 2 * f.numel())))
+    rb = torch.arange(256, dtype=torch.int32).repeat(7 * 3 * 2)
+    rb = torch.cat((rb, torch.zeros(16384 - rb.numel(), dtype=torch.int32)))
+    out_i, _ = _probe(2, f.to(DEVICE), rb.to(DEVICE))
+    expected = numerics.e2m1_round_stochastic(f, rb.to(torch.uint8))
+    assert_bytes_equal(out_i.to(torch.uint8).cpu(), expected, "e2m1 stochastic thresholds")
 
 
 @pytest.mark.parametrize("seed", [0, 1234, 2**40 + 5, 2**63 - 2])
@@ -404,5 +431,6 @@ def test_gpu_small_cases_and_edges():
     test_e4m3_encoder_every_code_and_midpoint()
     test_e2m1_rne_ties_and_bf16_rounding()
     test_e2m1_stochastic_matches_reference()
+    test_e2m1_stochastic_at_every_threshold()
     for seed in (0, 2**40 + 5):
         test_philox_matches_reference(seed)

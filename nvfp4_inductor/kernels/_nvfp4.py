@@ -9,9 +9,9 @@ the interpreter (numpy) and the GPU give the same bits:
   no ``.to(tl.bfloat16)`` (rounded here with integer RNE instead, same result);
 * every division is ``tl.math.div_rn`` (IEEE round-to-nearest; a plain ``/`` may lower
   to an approximate division on the GPU);
-* the only multiply-add pair that the compiler may contract to an FMA is
-  ``a * 512 + 2**23`` in the E4M3 encoder, where ``a * 512`` is exact, so the FMA
-  rounds the same sum.
+* a multiply-add pair that the compiler may contract to an FMA appears only where the
+  product is exact (``a * 512 + 2**23`` in the E4M3 encoder, ``a * 2 + 2**23`` and
+  ``a * 1024 + (2**23 - 0.5)`` in the E2M1 encoders), so the FMA rounds the same sum.
 """
 
 from __future__ import annotations
@@ -86,52 +86,54 @@ def block_scale(block_amax, s_enc, s_dec):
 
 
 @triton.jit
-def scale_values(x, enc):
-    """v = clamp(x * enc, -6, 6) (fp32)."""
-    return tl.minimum(tl.maximum(x * enc, -6.0), 6.0)
-
-
-@triton.jit
 def e2m1_rne(v):
-    """fp32 v in [-6, 6] -> E2M1 code (int32), RNE on the grid: the same codes as
-    formats.e2m1_encode's threshold comparisons (0.25->0, 0.75->1, 1.25->1, 1.75->2,
-    2.5->2, 3.5->4, 5->4; a strictly negative v gets the sign bit), in fewer operations:
+    """fp32 v = x * enc (any sign and size) -> E2M1 code (int32) of clamp(v, -6, 6), RNE on
+    the grid: the codes of formats.e2m1_encode's threshold comparisons (0.25->0, 0.75->1,
+    1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; a strictly negative v gets the sign bit) in
+    fewer operations:
       |v| >= 1: E2M1 is a float with 1 mantissa bit, exponent bias 1, so round the fp32
                 mantissa to 1 bit (add 0x1FFFFF + lsb, drop 22 bits; a carry bumps the
-                exponent) and rebias: code = (exponent << 1 | mantissa) - (126 << 1);
+                exponent) and rebias by 252 = 126 << 1 (folded into the added constant;
+                the sum stays below 2**31 up to inf);
       |v| < 1:  codes 0, 1, 2 are 0, 0.5, 1: code = RNE(|v| * 2) (exact product, the
-                2**23 add rounds ties to even; read back from the sum's mantissa bits)."""
+                2**23 add rounds ties to even; read back from the sum's mantissa bits).
+    The clamp to 6 is the code's minimum with 7: codes grow with |v| and 6 is code 7, so
+    one integer min replaces two float clamps."""
     a = tl.abs(v)
     ab = a.to(tl.int32, bitcast=True)
-    normal = ((ab + 0x1FFFFF + ((ab >> 22) & 1)) >> 22) - 252
-    # a * 2 + 2**23 is exact-then-RNE; its low mantissa bits are the integer (no F2I)
+    normal = (ab + (0x1FFFFF - (252 << 22)) + ((ab >> 22) & 1)) >> 22
     small = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    code = tl.where(a < 1.0, small, normal)
+    code = tl.minimum(tl.where(a < 1.0, small, normal), 7)
     return code | tl.where(v < 0.0, 8, 0)
 
 
 @triton.jit
 def e2m1_stochastic(v, rbyte):
-    """fp32 v in [-6, 6], random byte (int32 0..255) -> E2M1 code (int32); the same codes
-    as numerics.e2m1_round_stochastic: |v| between grid neighbours lo < hi rounds up iff
-    (|v| - lo) * 256 / (hi - lo) > r + 0.5. That product is exact, and read off the bits:
-      |v| >= 1:       lo = |v| with its mantissa cut to 1 bit, code (bits >> 22) - 252, and
-                      (|v| - lo) * 256 / (hi - lo) = (the 22 dropped bits) * 2**-14, so
-                      up iff dropped > r * 2**14 + 2**13 (integers);
-      0.5 <= |v| < 1: lo = 0.5 (code 1), (|v| - 0.5) * 512 = mantissa * 2**-15:
-                      up iff mantissa > r * 2**15 + 2**14;
-      |v| < 0.5:      lo = 0 (code 0): up iff |v| * 512 > r + 0.5 (exact in fp32)."""
+    """fp32 v = x * enc (any sign and size), random byte r (int32 0..255) -> E2M1 code
+    (int32) of clamp(v, -6, 6), the codes of numerics.e2m1_round_stochastic: |v| between
+    grid neighbours lo < hi rounds up iff (|v| - lo) * 256 / (hi - lo) > r + 0.5. That
+    product is exact and is read off the bits, with t = (r + 0.5) * 2**14 (an integer):
+      |v| >= 1:       the 22 mantissa bits below E2M1's one are (|v| - lo) * 2**22 / (hi - lo):
+                      up iff they exceed t, i.e. iff adding 2**22 - 1 - t carries into bit
+                      22: code = (bits + 2**22 - 1 - t - (252 << 22)) >> 22;
+      0.5 <= |v| < 1: lo = 0.5 (code 1), the 23 mantissa bits are (|v| - 0.5) * 2**24:
+                      up iff they exceed 2t: code = (bits - bits(0.5) + 2**24 - 1 - 2t) >> 23;
+      |v| < 0.5:      lo = 0 (code 0): up iff b = |v| * 1024 > n = 2r + 1. One fused
+                      multiply-add s = RNE(b + 2**23 - 0.5) (b is exact) lands on an
+                      integer m = s - 2**23 with m >= n iff b > n - 0.5 + (the tie at
+                      b = n rounds to the even m = n - 1, n being odd): up iff m > 2r,
+                      read from s's bits (no int->float convert, which issues at a
+                      quarter of the fp32 rate; for b < 0.5, m < 0).
+    Clamp as in e2m1_rne: codes grow with |v|, min with 7."""
     a = tl.abs(v)
     ab = a.to(tl.int32, bitcast=True)
-    up_hi = (ab & 0x3FFFFF) > (rbyte << 14) + 8192
-    up_mid = (ab & 0x7FFFFF) > (rbyte << 15) + 16384
-    up_lo = a * 512.0 > rbyte.to(tl.float32) + 0.5
-    code = tl.where(
-        a >= 1.0,
-        ((ab >> 22) - 252) + up_hi.to(tl.int32),
-        tl.where(a >= 0.5, 1 + up_mid.to(tl.int32), up_lo.to(tl.int32)),
-    )
-    return code | tl.where(v < 0.0, 8, 0)
+    t = (rbyte << 14) + 8192
+    normal = (ab + (0x3FFFFF - (252 << 22)) - t) >> 22
+    half = (ab + (0xFFFFFF - 0x3F000000) - 2 * t) >> 23
+    m = (a * 1024.0 + 8388607.5).to(tl.int32, bitcast=True) - 0x4B000000
+    small = (m > 2 * rbyte).to(tl.int32)
+    code = tl.where(a >= 1.0, normal, tl.where(a >= 0.5, half, small))
+    return tl.minimum(code, 7) | tl.where(v < 0.0, 8, 0)
 
 
 @triton.jit
