@@ -158,12 +158,16 @@ def main() -> None:
         row_bytes, col_bytes = n * (0.5 + 1 / 16), k * cap * (0.5 + 1 / 16)
         rht = dict(rowwise=True, columnwise=True, rht=True)
         pre, post = kernels.group_hadamard_amax(x, sizes)
-        for bm, bk, warps in [(32, 256, 2), (64, 256, 4), (32, 128, 1)]:
-            cfg = config.CastConfig(block_m=bm, block_k=bk, num_warps=warps)
-            with config.override(cast=cfg):
-                t = bench(lambda: kernels.group_quantize(x, sizes, **rht, rowwise_amax=pre, columnwise_amax=post))
-            print(f"  sweep cast {cfg}: {t*1e6:.1f} us {100*(2*n+row_bytes+col_bytes)/t/bw_copy:.1f}% of copy", flush=True)
-            log.append(dict(sweep="cast", cfg=str(cfg), us=t * 1e6))
+        for sr, tiles in ((False, [(32, 256, 2), (16, 256, 1), (32, 128, 1)]),
+                          (True, [(64, 128, 4), (16, 256, 2), (16, 128, 1), (32, 128, 2)])):
+            for bm, bk, warps in tiles:
+                cfg = config.CastConfig(block_m=bm, block_k=bk, num_warps=warps)
+                with config.override(cast=cfg):
+                    t = bench(lambda: kernels.group_quantize(x, sizes, **rht, rowwise_amax=pre, columnwise_amax=post,
+                                                             stochastic_rounding=sr, seed=1 if sr else None))
+                print(f"  sweep cast{' SR' if sr else ''} {cfg}: {t*1e6:.1f} us "
+                      f"{100*(2*n+row_bytes+col_bytes)/t/bw_copy:.1f}% of copy", flush=True)
+                log.append(dict(sweep="cast SR" if sr else "cast", cfg=str(cfg), us=t * 1e6))
         for bm, bk, split, warps in [(32, 256, 1, 2), (32, 256, 2, 2), (64, 128, 1, 4)]:
             cfg = config.AmaxConfig(block_m=bm, block_k=bk, k_split=split, num_warps=warps)
             with config.override(amax=cfg):
