@@ -72,7 +72,7 @@ def main() -> None:
             plain_dact = ms(lambda: _grouped_gemm_bf16_op(dy, amax, w2t, amax, sizes))
             for name, cfg in CONFIGS.items():
                 row = [shape, act, name]
-                with override_config(fprop=cfg):
+                with override_config(act=cfg, dact=cfg):
                     for kind, fn, plain in (
                         ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp,
                                                              0xD7E8, True), plain_act),

@@ -195,7 +195,7 @@ def test_act_follows_the_bf16_k_order(activation):
 
 def test_act_other_tiles():
     """16x16 tiles, BK 32, 3 programs: one run per tile, tiles of a group on different programs."""
-    with override_config(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
+    with override_config(act=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
         check_act(SMALL, "swiglu", True, 0xD7E8, "act 16x16 tiles swiglu")
 
 
@@ -229,7 +229,7 @@ def test_dact_follows_the_bf16_k_order(activation):
 
 
 def test_dact_other_tiles():
-    with override_config(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
+    with override_config(dact=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
         check_dact(SMALL, "swiglu", True, True, "dact 16x16 tiles swiglu")
 
 
@@ -249,7 +249,7 @@ def test_zero_tokens_and_errors():
     with pytest.raises(ValueError, match="sign_mask"):
         grouped_gemm_act(*args, probs, "srelu", None, 0x10000)
     with pytest.raises(ValueError, match="epilogues need block_m"):
-        with override_config(fprop=Bf16GemmConfig(24, 32, 32, 4, 1, 2)):
+        with override_config(act=Bf16GemmConfig(24, 32, 32, 4, 1, 2)):
             grouped_gemm_act(*args, probs, "srelu", None, 0)
     dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "f24")
     f24 = (*dargs[:3], dargs[3][:, :24], dargs[4][:, :24], *dargs[5:])  # F = 24: not whole runs of 16

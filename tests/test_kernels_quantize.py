@@ -428,6 +428,13 @@ def test_gpu_small_cases_and_edges():
         for sr in (False, True):
             test_group_quantize_edge_cases(mask, sr)
     test_quantize_edge_cases()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_encoder_tables():
+    """The device-function tables compiled for the GPU: one small kernel, a few seconds
+    (the case sweep above compiles a kernel per option set and takes minutes)."""
     test_e4m3_encoder_every_code_and_midpoint()
     test_e2m1_rne_ties_and_bf16_rounding()
     test_e2m1_stochastic_matches_reference()

@@ -34,14 +34,16 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastCon
     spans 2 threads, so the per-block scale chain (two IEEE divisions) is computed by 2
     threads, not 4 -- ~20% fewer instructions than 4 per thread (SASS count, ptxas sm_90a:
     row+col 58 vs 72 per element, row-only 29 vs 42), at ~250 registers and no spills.
-    Stochastic rounding needs more registers (Philox words): 4 per thread there (8 spills)."""
+    Tiles from the H200 sweep of run Q3 (65536 x 4096, benchmarks/quantize.py --sweep):
+    RNE 32x128 1 warp 863 us vs 32x256 2 warps 885 us; SR 16x256 2 warps 1708 us vs
+    64x128 4 warps 2617 us (one run of 16 tokens per program: fewer Philox words held)."""
     if _CAST_OVERRIDE is not None:
         return _CAST_OVERRIDE
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
     if sr:
-        return CastConfig(block_m=64, block_k=128, num_warps=4)
-    return CastConfig(block_m=32, block_k=256, num_warps=2)
+        return CastConfig(block_m=16, block_k=256, num_warps=2)
+    return CastConfig(block_m=32, block_k=128, num_warps=1)
 
 
 def amax_config(rows: int, cols: int) -> AmaxConfig:

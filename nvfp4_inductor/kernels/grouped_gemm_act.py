@@ -14,8 +14,8 @@ Why the bits match:
 * C: the launcher dequantizes both operands to transient bf16 deq() copies
   (``dequantize.dequantize_bf16``, as ``grouped_gemm_via_bf16`` does), and the kernel calls
   ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of ``_grouped_gemm_bf16_kernel``, one
-  copy for the three kernels (natural K order) -- with the same BM/BN/BK/warps/stages/TMA
-  from ``bf16_gemm_config("fprop")``, then bf16(((acc * 2**-28) * 2**28) * alpha_g) with
+  copy for the three kernels (natural K order, so the tile config -- ``bf16_gemm_config("act")``,
+  which may differ from the unfused GEMM's -- changes no bit), then bf16(((acc * 2**-28) * 2**28) * alpha_g) with
   integer RNE (``store_bf16``'s value; both power-of-2 multiplies are exact).
   (Before run P1's decision the fused kernels repeated the in-register K loop of
   ``grouped_gemm``; that kernel stays available but the Triton lowering no longer uses it.)
@@ -215,12 +215,11 @@ def _grouped_gemm_act_kernel(
 # Op and launcher
 
 
-def epilogue_config(device: torch.device):
-    """grouped_gemm_via_bf16's fprop tile config (``bf16_gemm_config("fprop")``: the same
-    tiles, K steps and loads as the unfused GEMM), checked for what the epilogues need:
-    BM % 16 == 0 (runs of 16 tokens start at group start + 16k), BN % 16 == 0 (dprob's
-    runs of 16 columns)."""
-    cfg = bf16_gemm_config("fprop", device)
+def epilogue_config(kind: str, act: int, device: torch.device):
+    """``bf16_gemm_config(kind)`` for a fused kernel ("act" or "dact"), checked for what the
+    epilogues need: BM % 16 == 0 (runs of 16 tokens start at group start + 16k), BN % 16 == 0
+    (dprob's runs of 16 columns)."""
+    cfg = bf16_gemm_config(kind, device, swiglu=act == _SWIGLU)
     if cfg.block_m % 16 or cfg.block_n % 16:
         raise ValueError(f"fused GEMM epilogues need block_m and block_n multiples of 16, got {cfg}")
     return cfg
@@ -243,7 +242,7 @@ def _grouped_gemm_act_op(
     post = a.new_zeros(groups, dtype=torch.float32)
     if tokens == 0 or f == 0 or groups == 0:
         return c, d, pre, post
-    cfg = epilogue_config(a.device)
+    cfg = epilogue_config("act", act, a.device)
     programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_act_kernel, (programs,),

@@ -10,8 +10,8 @@ Same signatures and results as ``grouped_gemm`` / ``grouped_gemm_wgrad`` (twins:
 transient (made and freed inside the call, never saved for backward). Both are the Triton
 lowering's GEMMs since benchmarks/NOTES.md run P1. The fprop K loop is one helper,
 ``bf16_tile_acc``, called by ``_grouped_gemm_bf16_kernel`` and by the fused epilogue
-kernels (grouped_gemm_act.py, grouped_gemm_dact.py) with the same config
-(``bf16_gemm_config("fprop")``), so fused and unfused C/G are equal bit for bit.
+kernels (grouped_gemm_act.py, grouped_gemm_dact.py), so fused and unfused C/G are equal
+bit for bit whatever tile each uses (the K order is natural in all of them).
 
 Numerics: deq() is exact in bf16 (dequantize.py), the tensor cores multiply exactly and
 accumulate in fp32 in natural K order (the in-register kernels permute K: low nibbles, then
@@ -194,18 +194,26 @@ class Bf16GemmConfig:
 _OVERRIDE: dict[str, Bf16GemmConfig] = {}
 
 
-def bf16_gemm_config(kind: str, device: torch.device) -> Bf16GemmConfig:
-    """Tile config of `kind` ("fprop" or "wgrad")."""
+def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -> Bf16GemmConfig:
+    """Tile config of `kind`: "fprop" / "wgrad" (the plain GEMMs), "act" / "dact" (the fused
+    epilogue GEMMs of grouped_gemm_act.py / grouped_gemm_dact.py; `swiglu`: the activation
+    is SwiGLU). No choice changes a bit: every kind runs ``bf16_tile_acc``'s natural K order."""
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
     if INTERPRET or device.type != "cuda":
         return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
+    if kind == "dact" or (kind == "act" and swiglu):
+        # 128x256 spills in these epilogues (two accumulators for SwiGLU's act; C, dC and D
+        # tiles in dact). benchmarks/epilogue_tiles.py, run EP1 (S1, H200), 128x256 w8 s3 ->
+        # 128x128 w8 s4: dact srelu 0.68 -> 0.61 ms, swiglu act 1.54 -> 1.23, dact 1.67 -> 0.89
+        return Bf16GemmConfig(128, 128, 64, 8, 4)
     # Inductor's grouped-mm template on the H200 (PITFALLS): 128x256x64, 8 warps, 3 stages
     return Bf16GemmConfig(128, 256, 64, 8, 3)
 
 
 def override_config(**configs: Bf16GemmConfig):
-    """``with override_config(fprop=Bf16GemmConfig(...), wgrad=...)``: pin tile configs."""
+    """``with override_config(fprop=Bf16GemmConfig(...), wgrad=..., act=..., dact=...)``:
+    pin tile configs."""
     return pinned_configs(_OVERRIDE, **configs)
 
 

@@ -12,8 +12,8 @@ summation order, which is grouped_gemm_via_bf16's.
 Why the bits match:
 * G: the launcher dequantizes dY's and W2's copies to transient bf16 deq() copies
   (``dequantize_bf16``, as ``grouped_gemm_via_bf16`` does); the kernel runs
-  grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, the same config
-  ``bf16_gemm_config("fprop")`` via ``grouped_gemm_act.epilogue_config``), then
+  grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
+  tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
   bf16(((acc * 2**-28) * 2**28) * alpha_g) with integer RNE, widened from its bits.
 * dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
   (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
@@ -107,7 +107,7 @@ def _grouped_gemm_dact_op(
     if tokens == 0 or f == 0:  # sizes sum to T, so G == 0 lands here too; K == 0 runs (G = 0)
         return dc, dp, d
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
-    cfg = epilogue_config(a.device)
+    cfg = epilogue_config("dact", act, a.device)
     programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_dact_kernel, (programs,),
