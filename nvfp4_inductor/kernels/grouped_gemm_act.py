@@ -37,8 +37,9 @@ C that feed them (gate columns j, up columns F + j) in two calls of the K loop; 
 gate half is held as bf16 bits while the up half accumulates. When F % BN != 0 the up
 column F + j sits at another position of its tile than in the unfused GEMM, so the bits
 match only if an MMA's result for an element does not depend on its column in the tile:
-true of the interpreter (``grouped_gemm_bf16._mma`` sums each K step exactly), to be
-confirmed on the GPU by tests/test_kernels_epilogue.py::test_gpu_k_order_and_unaligned_f.
+true of the interpreter (``grouped_gemm_bf16._mma`` sums each K step exactly) and of the
+H200 (tests/test_kernels_epilogue.py::test_gpu_k_order_and_unaligned_f, runs E4 and E5 of
+benchmarks/NOTES.md, also with act/dact tiles narrower than the unfused GEMM's).
 """
 
 from __future__ import annotations
@@ -53,36 +54,11 @@ from ._nvfp4 import bf16_round, load_token, rht16, to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
 from .dequantize import dequantize_bf16
-from .grouped_gemm import _UNSCALE, check_gemm_operands, gemm_alpha, num_programs
+from .grouped_gemm import _UNSCALE, check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
 from .grouped_gemm_bf16 import _PRESCALE, bf16_gemm_config, bf16_tile_acc, use_tma
 
 # ---------------------------------------------------------------------------------------
 # Device helpers shared with grouped_gemm_dact.py
-
-
-@triton.jit
-def tile_table(sizes_ptr, G, N, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """grouped_gemm's tile table: group g owns cdiv(m_g, BM) * cdiv(N, BN) tiles, M fastest."""
-    gi = tl.arange(0, BLOCK_G)
-    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int32)
-    m_tiles = tl.cdiv(sizes, BM)
-    n_tiles = tl.cdiv(N, BN)
-    tile_end = tl.cumsum(m_tiles * n_tiles, 0)
-    row_end = tl.cumsum(sizes, 0)
-    return gi, sizes, m_tiles, tile_end, row_end
-
-
-@triton.jit
-def locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, N, BN: tl.constexpr):
-    """grouped_gemm's tile -> (group, its size m_g, its first row, M tile, N tile)."""
-    grp = tl.sum((tile_end <= tile).to(tl.int32), 0)
-    sel = gi == grp
-    mt = tl.sum(tl.where(sel, m_tiles, 0), 0)
-    tile0 = tl.sum(tl.where(sel, tile_end, 0), 0) - mt * tl.cdiv(N, BN)
-    size = tl.sum(tl.where(sel, sizes, 0), 0)
-    row0 = tl.sum(tl.where(sel, row_end - sizes, 0), 0)
-    local = tile - tile0
-    return grp, size, row0, local % mt, local // mt
 
 
 @triton.jit
@@ -168,10 +144,9 @@ def _grouped_gemm_act_kernel(
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); C (T, F1), D (T, F) bf16."""
-    gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
-    total = tl.max(tile_end, 0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        grp, size, row0, tm, tn = locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, F, BN)
+        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size

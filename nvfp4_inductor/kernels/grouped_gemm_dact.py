@@ -39,8 +39,8 @@ from ._nvfp4 import to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
 from .dequantize import dequantize_bf16
-from .grouped_gemm import check_gemm_operands, gemm_alpha, num_programs
-from .grouped_gemm_act import epilogue_config, gemm_out_bits, locate_tile, tile_table, widen
+from .grouped_gemm import check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
+from .grouped_gemm_act import epilogue_config, gemm_out_bits, widen
 from .grouped_gemm_bf16 import _PRESCALE, bf16_tile_acc, use_tma
 
 
@@ -55,10 +55,9 @@ def _grouped_gemm_dact_kernel(
 ):
     """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq())."""
     NR = F // 16  # dprob partials per row
-    gi, sizes, m_tiles, tile_end, row_end = tile_table(sizes_ptr, G, F, BLOCK_G, BM, BN)
-    total = tl.max(tile_end, 0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        grp, size, row0, tm, tn = locate_tile(tile, gi, sizes, m_tiles, tile_end, row_end, F, BN)
+        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size
