@@ -191,8 +191,28 @@ def _sign(sign_mask, j: tl.constexpr):
 def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask):
     """RHT of 16 fp32 tensors (the 16 tokens of runs): bf16(0.25 * FWHT(s * x)) held in
     fp32, butterflies of strides 1, 2, 4, 8 in this order (numerics.rht16)."""
+    y0, y1, y2, y3, y4, y5, y6, y7, y8, y9, y10, y11, y12, y13, y14, y15 = fwht16(
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
+    return (
+        rht_round(y0), rht_round(y1), rht_round(y2), rht_round(y3), rht_round(y4), rht_round(y5),
+        rht_round(y6), rht_round(y7), rht_round(y8), rht_round(y9), rht_round(y10), rht_round(y11),
+        rht_round(y12), rht_round(y13), rht_round(y14), rht_round(y15),
+    )
+
+
+@triton.jit
+def rht_round(y):
+    """The RHT's last step on an FWHT output: times 0.25 (exact but in fp32's subnormal
+    range), then one rounding to bf16. Monotone and odd in y, so the max of |rht_round(y)|
+    over any set is rht_round(max |y|): an amax needs it once, not per element."""
+    return bf16_round(y * _RHT_SCALE)
+
+
+@triton.jit
+def fwht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask):
+    """Signs, then the unscaled fp32 FWHT butterflies of strides 1, 2, 4, 8 in this order."""
     # signs: bit i of sign_mask set -> x_i * -1.0, else x_i * 1.0 (exact; numerics multiplies too).
-    # sign_mask is a run-time int so the two masks in use share one compiled kernel.
+    # A constexpr mask folds into the adds' operand signs.
     x0 = x0 * _sign(sign_mask, 0)
     x1 = x1 * _sign(sign_mask, 1)
     x2 = x2 * _sign(sign_mask, 2)
@@ -245,15 +265,7 @@ def rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, 
     x5, x13 = butterfly(x5, x13)
     x6, x14 = butterfly(x6, x14)
     x7, x15 = butterfly(x7, x15)
-    # times 0.25 (exact), then one rounding to bf16
-    return (
-        bf16_round(x0 * _RHT_SCALE), bf16_round(x1 * _RHT_SCALE), bf16_round(x2 * _RHT_SCALE),
-        bf16_round(x3 * _RHT_SCALE), bf16_round(x4 * _RHT_SCALE), bf16_round(x5 * _RHT_SCALE),
-        bf16_round(x6 * _RHT_SCALE), bf16_round(x7 * _RHT_SCALE), bf16_round(x8 * _RHT_SCALE),
-        bf16_round(x9 * _RHT_SCALE), bf16_round(x10 * _RHT_SCALE), bf16_round(x11 * _RHT_SCALE),
-        bf16_round(x12 * _RHT_SCALE), bf16_round(x13 * _RHT_SCALE), bf16_round(x14 * _RHT_SCALE),
-        bf16_round(x15 * _RHT_SCALE),
-    )
+    return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
 
 @triton.jit
@@ -290,6 +302,68 @@ def load_token(x_ptr, start, local0, size, in_group, j: tl.constexpr, K, ks, k_o
     src = start + local
     x = tl.load(x_ptr + src[:, None] * K + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
     return to_float32(x), src, ok
+
+
+@triton.jit
+def fold_run_amax(x_ptr, start, local0, size, in_group, K, ks, k_ok, sign_mask, acc_pre, acc_post,
+                  PRE: tl.constexpr, POST: tl.constexpr):
+    """Load the 16 token tiles (R, BK) of R runs at columns ks (``load_token``) and fold
+    them into running elementwise maxima: |x| into acc_pre (if PRE), |FWHT(s * x)| into
+    acc_post (if POST). acc_post holds *unrounded* FWHT outputs: the post-RHT amax is
+    ``rht_round`` of its max, applied once by the caller."""
+    x0, _s, _o = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
+    x1, _s, _o = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
+    x2, _s, _o = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
+    x3, _s, _o = load_token(x_ptr, start, local0, size, in_group, 3, K, ks, k_ok)
+    x4, _s, _o = load_token(x_ptr, start, local0, size, in_group, 4, K, ks, k_ok)
+    x5, _s, _o = load_token(x_ptr, start, local0, size, in_group, 5, K, ks, k_ok)
+    x6, _s, _o = load_token(x_ptr, start, local0, size, in_group, 6, K, ks, k_ok)
+    x7, _s, _o = load_token(x_ptr, start, local0, size, in_group, 7, K, ks, k_ok)
+    x8, _s, _o = load_token(x_ptr, start, local0, size, in_group, 8, K, ks, k_ok)
+    x9, _s, _o = load_token(x_ptr, start, local0, size, in_group, 9, K, ks, k_ok)
+    x10, _s, _o = load_token(x_ptr, start, local0, size, in_group, 10, K, ks, k_ok)
+    x11, _s, _o = load_token(x_ptr, start, local0, size, in_group, 11, K, ks, k_ok)
+    x12, _s, _o = load_token(x_ptr, start, local0, size, in_group, 12, K, ks, k_ok)
+    x13, _s, _o = load_token(x_ptr, start, local0, size, in_group, 13, K, ks, k_ok)
+    x14, _s, _o = load_token(x_ptr, start, local0, size, in_group, 14, K, ks, k_ok)
+    x15, _s, _o = load_token(x_ptr, start, local0, size, in_group, 15, K, ks, k_ok)
+    if PRE:
+        acc_pre = tl.maximum(acc_pre, tl.abs(x0))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x1))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x2))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x3))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x4))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x5))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x6))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x7))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x8))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x9))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x10))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x11))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x12))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x13))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x14))
+        acc_pre = tl.maximum(acc_pre, tl.abs(x15))
+    if POST:
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = fwht16(
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
+        acc_post = tl.maximum(acc_post, tl.abs(x0))
+        acc_post = tl.maximum(acc_post, tl.abs(x1))
+        acc_post = tl.maximum(acc_post, tl.abs(x2))
+        acc_post = tl.maximum(acc_post, tl.abs(x3))
+        acc_post = tl.maximum(acc_post, tl.abs(x4))
+        acc_post = tl.maximum(acc_post, tl.abs(x5))
+        acc_post = tl.maximum(acc_post, tl.abs(x6))
+        acc_post = tl.maximum(acc_post, tl.abs(x7))
+        acc_post = tl.maximum(acc_post, tl.abs(x8))
+        acc_post = tl.maximum(acc_post, tl.abs(x9))
+        acc_post = tl.maximum(acc_post, tl.abs(x10))
+        acc_post = tl.maximum(acc_post, tl.abs(x11))
+        acc_post = tl.maximum(acc_post, tl.abs(x12))
+        acc_post = tl.maximum(acc_post, tl.abs(x13))
+        acc_post = tl.maximum(acc_post, tl.abs(x14))
+        acc_post = tl.maximum(acc_post, tl.abs(x15))
+    return acc_pre, acc_post
 
 
 @triton.jit

@@ -29,8 +29,9 @@ Why the bits match:
   tm * BM + [0, BM), BM % 16 == 0), so its runs of 16 tokens are exactly the runs of the
   group's padded column-wise layout, rows past the group's end reading as zeros. After
   the tile's D is stored, a CTA barrier, then the tile is read back (L1/L2-hot) as 16
-  token tiles of (BM/16, BC) and transformed by ``_nvfp4.rht16`` -- the very helper and
-  load pattern (``load_token``) of ``group_amax``, so the same bf16 D gives the same bits.
+  token tiles of (BM/16, BC) by ``_nvfp4.fold_run_amax`` -- the very helper of
+  ``group_amax`` (loads, FWHT, running max, one ``rht_round`` at the end), so the same
+  bf16 D gives the same bits.
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
 C that feed them (gate columns j, up columns F + j) in two calls of the K loop; the
@@ -50,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvfp4 import bf16_round, load_token, rht16, to_float32
+from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
 from .dequantize import dequantize_bf16
@@ -97,41 +98,8 @@ def _post_rht_amax(d_ptr, row0, local_start, size, col0, F, sign_mask,
     for c0 in range(0, BN, BC):
         ks = col0 + c0 + tl.arange(0, BC)
         k_ok = ks < F
-        x0, _s, _o = load_token(d_ptr, start, local0, size, in_group, 0, F, ks, k_ok)
-        x1, _s, _o = load_token(d_ptr, start, local0, size, in_group, 1, F, ks, k_ok)
-        x2, _s, _o = load_token(d_ptr, start, local0, size, in_group, 2, F, ks, k_ok)
-        x3, _s, _o = load_token(d_ptr, start, local0, size, in_group, 3, F, ks, k_ok)
-        x4, _s, _o = load_token(d_ptr, start, local0, size, in_group, 4, F, ks, k_ok)
-        x5, _s, _o = load_token(d_ptr, start, local0, size, in_group, 5, F, ks, k_ok)
-        x6, _s, _o = load_token(d_ptr, start, local0, size, in_group, 6, F, ks, k_ok)
-        x7, _s, _o = load_token(d_ptr, start, local0, size, in_group, 7, F, ks, k_ok)
-        x8, _s, _o = load_token(d_ptr, start, local0, size, in_group, 8, F, ks, k_ok)
-        x9, _s, _o = load_token(d_ptr, start, local0, size, in_group, 9, F, ks, k_ok)
-        x10, _s, _o = load_token(d_ptr, start, local0, size, in_group, 10, F, ks, k_ok)
-        x11, _s, _o = load_token(d_ptr, start, local0, size, in_group, 11, F, ks, k_ok)
-        x12, _s, _o = load_token(d_ptr, start, local0, size, in_group, 12, F, ks, k_ok)
-        x13, _s, _o = load_token(d_ptr, start, local0, size, in_group, 13, F, ks, k_ok)
-        x14, _s, _o = load_token(d_ptr, start, local0, size, in_group, 14, F, ks, k_ok)
-        x15, _s, _o = load_token(d_ptr, start, local0, size, in_group, 15, F, ks, k_ok)
-        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, sign_mask)
-        acc = tl.maximum(acc, tl.abs(x0))
-        acc = tl.maximum(acc, tl.abs(x1))
-        acc = tl.maximum(acc, tl.abs(x2))
-        acc = tl.maximum(acc, tl.abs(x3))
-        acc = tl.maximum(acc, tl.abs(x4))
-        acc = tl.maximum(acc, tl.abs(x5))
-        acc = tl.maximum(acc, tl.abs(x6))
-        acc = tl.maximum(acc, tl.abs(x7))
-        acc = tl.maximum(acc, tl.abs(x8))
-        acc = tl.maximum(acc, tl.abs(x9))
-        acc = tl.maximum(acc, tl.abs(x10))
-        acc = tl.maximum(acc, tl.abs(x11))
-        acc = tl.maximum(acc, tl.abs(x12))
-        acc = tl.maximum(acc, tl.abs(x13))
-        acc = tl.maximum(acc, tl.abs(x14))
-        acc = tl.maximum(acc, tl.abs(x15))
-    return tl.max(tl.max(acc, axis=1), axis=0)
+        _, acc = fold_run_amax(d_ptr, start, local0, size, in_group, F, ks, k_ok, sign_mask, acc, acc, False, True)
+    return rht_round(tl.max(tl.max(acc, axis=1), axis=0))
 
 
 @triton.jit
