@@ -9,6 +9,7 @@ for every row), peak memory, bytes saved for backward (unique storages, via
 saved_tensors_hooks). Times: triton.testing.do_bench median after warm-up, random data.
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu] [--profile]
+                                     [--skip fake-quant eager save-D]
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
 (recompute on) sorted by time: where the time goes.
@@ -126,6 +127,9 @@ def measure(fn, args, grad):
     return ms, peak, saved_bytes(fn, args)
 
 
+_SKIPPABLE = {"fake-quant": "fake-quant, stock Inductor", "eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D"}
+
+
 def kernel_breakdown(fn, args, grad, top=14):
     """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -153,6 +157,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
     parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
+    parser.add_argument("--skip", nargs="*", default=[], choices=sorted(_SKIPPABLE),
+                        help="rows to leave out (each compile costs device time); the baseline always runs")
     args_ns = parser.parse_args()
     device = "cuda"
     rows = []
@@ -174,6 +180,8 @@ def main():
                 "nvfp4 compiled, recompute": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True)),
                 "nvfp4 compiled, save D": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False)),
             }
+            for key in args_ns.skip:
+                variants.pop(_SKIPPABLE[key])
             base_ms = base_saved = None
             for name, fn in variants.items():
                 try:

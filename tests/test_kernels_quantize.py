@@ -420,14 +420,21 @@ def test_gpu_quantize_and_weights_big():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_small_cases_and_edges():
-    """The CPU cases again, compiled for the GPU (catches FMA contraction, FTZ, approx div)."""
-    for case in GROUP_CASES:
-        test_group_quantize_matches_reference(case)
-    for mask in (0xD7E8, 0):
-        for sr in (False, True):
-            test_group_quantize_edge_cases(mask, sr)
-    test_quantize_edge_cases()
+@pytest.mark.parametrize("case", GROUP_CASES, ids=lambda c: c.id)
+def test_gpu_small_cases(case):
+    """The CPU cases again, compiled for the GPU (catches FMA contraction, FTZ, approx div);
+    one test each, so a time-limited GPU run reports how far it got."""
+    test_group_quantize_matches_reference(case)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["mask_d7e8", "mask0"])
+@pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
+def test_gpu_edge_cases(sign_mask, sr):
+    test_group_quantize_edge_cases(sign_mask, sr)
+    if sign_mask == 0xD7E8 and not sr:
+        test_quantize_edge_cases()
 
 
 @pytest.mark.gpu
