@@ -12,10 +12,17 @@ Two modes (torch_compile_backend_guide.md section 6.3):
 
 In both modes the op body is also its fake impl: ``launch`` does nothing on FakeTensors,
 so the body only allocates outputs there.
+
+Outside tracing, a call skips the dispatcher and runs the same body directly
+(``KernelOp``): these ops are mostly called from inside other ops' implementations
+(compiler/fused.py, the lowerings), where nothing traces them and each trip through the
+custom-op layers costs ~35 us of host time (measured on the CI CPU; a training step
+makes ~30 such calls), which shapes with little GPU work per step cannot hide.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -43,6 +50,31 @@ def launch(kernel, grid, **kwargs) -> None:
     (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil(a / b) for grids. (``triton.cdiv`` is a ConstexprFunction in recent
+    Triton: ~5 us a call from host code, and a launch makes several.)"""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """Host-side smallest power of 2 >= n (1 for n <= 1), for constexpr block sizes."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class KernelOp:
+    """A registered kernel op: the op while torch.compile traces (so the graph holds it,
+    or on CUDA Inductor sees its launches), its body called directly otherwise."""
+
+    def __init__(self, op, body):
+        self.op, self.body = op, body
+        functools.update_wrapper(self, body)
+
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return self.op(*args, **kwargs)
+        return self.body(*args, **kwargs)
+
+
 def kernel_op(name: str):
     """Register `fn` as the op ``name`` ("nvfp4_kernels::...") in the mode of this process."""
 
@@ -50,7 +82,8 @@ def kernel_op(name: str):
         if INTERPRET:
             op = torch.library.custom_op(name, fn, mutates_args=())
             op.register_fake(fn)  # same body: launch() skips FakeTensors
-            return op
-        return torch.library.triton_op(name, fn, mutates_args=())
+        else:
+            op = torch.library.triton_op(name, fn, mutates_args=())
+        return KernelOp(op, fn)
 
     return register

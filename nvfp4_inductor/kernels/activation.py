@@ -35,7 +35,7 @@ from triton.language.extra import libdevice
 
 from ..activations import ACTIVATIONS
 from ._nvfp4 import bf16_round, to_float32
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 
 _SRELU: tl.constexpr = tl.constexpr(0)
 _TANH_SRELU: tl.constexpr = tl.constexpr(1)
@@ -222,7 +222,7 @@ def _act_bwd_kernel(
 
 def _blocks(F: int) -> tuple[int, int]:
     if INTERPRET:
-        return 32, max(16, min(128, triton.next_power_of_2(F)))
+        return 32, max(16, min(128, next_power_of_2(F)))
     return 32, 128
 
 
@@ -247,7 +247,7 @@ def _activation_forward_op(c: torch.Tensor, probs: Optional[torch.Tensor], act: 
     d = c.new_empty(tokens, f, dtype=torch.bfloat16)
     bm, bf = _blocks(f)
     launch(
-        _act_fwd_kernel, (triton.cdiv(tokens, bm), triton.cdiv(f, bf)),
+        _act_fwd_kernel, (cdiv(tokens, bm), cdiv(f, bf)),
         c_ptr=c, p_ptr=probs if probs is not None else c, d_ptr=d, T=tokens, F=f, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
     )
@@ -265,7 +265,7 @@ def _activation_backward_op(
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
     bm, bf = _blocks(f)
     launch(
-        _act_bwd_kernel, (triton.cdiv(tokens, bm),),
+        _act_bwd_kernel, (cdiv(tokens, bm),),
         g_ptr=g, c_ptr=c, p_ptr=probs if probs is not None else c, dc_ptr=dc, dp_ptr=dp if probs is not None else dc,
         d_ptr=d if regenerate else dc, T=tokens, F=f, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, cdiv, kernel_op, launch
 from .grouped_gemm import deq_nibbles, expand_scales, scale_fp16
 
 
@@ -93,7 +93,7 @@ def _dequantize_op(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return out
     cfg = dequant_config()
     launch(
-        _dequantize_kernel, (triton.cdiv(rows, cfg.block_r), triton.cdiv(half, cfg.block_c)),
+        _dequantize_kernel, (cdiv(rows, cfg.block_r), cdiv(half, cfg.block_c)),
         data_ptr=data, scale_ptr=scale, out_ptr=out, R=rows, C2=half,
         BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
     )

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._nvfp4 import fold_run_amax, group_of_runs, rht_round
-from ._registry import kernel_op, launch
+from ._registry import cdiv, kernel_op, launch, next_power_of_2
 from .config import amax_config
 
 
@@ -68,12 +68,12 @@ def group_amax(
     if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
         return pre_amax, post_amax
     cfg = amax_config(capacity, k)
-    k_split = min(cfg.k_split, triton.cdiv(k, cfg.block_k))
+    k_split = min(cfg.k_split, cdiv(k, cfg.block_k))
     launch(
-        _group_amax_kernel, (triton.cdiv(capacity, cfg.block_m), k_split),
+        _group_amax_kernel, (cdiv(capacity, cfg.block_m), k_split),
         x_ptr=x, sizes_ptr=group_sizes.contiguous(),
         pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=capacity,
-        PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(next_power_of_2(groups), 2),
         EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
     return pre_amax, post_amax

@@ -53,7 +53,7 @@ from ._nvfp4 import (
     random_bytes_along_last,
     rht16,
 )
-from ._registry import kernel_op, launch
+from ._registry import cdiv, kernel_op, launch, next_power_of_2
 from .config import cast_config
 
 
@@ -318,7 +318,7 @@ def group_cast(
     col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
     rows_total = tokens if stacked else capacity
     cfg = cast_config(rows_total, k, rht=columnwise and rht, sr=stochastic_rounding)
-    grid = (max(triton.cdiv(rows_total, cfg.block_m), 1), max(triton.cdiv(k, cfg.block_k), 1))
+    grid = (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k), 1))
     if groups == 0:
         return row_data, row_scale, col_data, col_scale, pad_off.zero_()
     launch(
@@ -331,7 +331,7 @@ def group_cast(
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
-        SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
     )
     return row_data, row_scale, col_data, col_scale, pad_off

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from ..constants import GEMM_ALPHA_DIVISOR
 from ._nvfp4 import bf16_round
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 
 _ALPHA_DIVISOR: tl.constexpr = tl.constexpr(GEMM_ALPHA_DIVISOR)  # 2688**2, exact in fp32
 _UNSCALE: tl.constexpr = tl.constexpr(2.0**28)  # undoes the 2**-14 of each fp16 operand
@@ -260,7 +260,7 @@ def _grouped_gemm_op(
         _grouped_gemm_kernel, (programs,),
         a_ptr=a_data, a_scale_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, b_scale_ptr=b_scale,
         b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out, N=n, K=2 * half, G=groups,
-        BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
     )
     return out

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
 from .dequantize import dequantize_bf16
 from .grouped_gemm import _UNSCALE, check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
@@ -193,7 +193,7 @@ def _grouped_gemm_act_op(
         p_ptr=probs if probs is not None else a_amax,
         c_ptr=c, d_ptr=d, pre_ptr=pre, post_ptr=post, F=f, K=k, G=groups, clamp=clamp, sign_mask=sign_mask,
         ACT=act, HAS_PROBS=probs is not None, AMAX=want_amax, GPU=not INTERPRET,
-        BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         BC=min(32, cfg.block_n), NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
         EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .dequantize import dequantize_bf16
 from .grouped_gemm import (check_gemm_operands, gemm_alpha, num_programs, pinned_configs, store_bf16, tile_coords,
                            tile_table)
@@ -259,7 +259,7 @@ def _grouped_gemm_bf16_op(
     launch(
         _grouped_gemm_bf16_kernel, (programs,),
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
-        N=n, K=k, G=groups, BLOCK_G=max(triton.next_power_of_2(groups), 2),
+        N=n, K=k, G=groups, BLOCK_G=max(next_power_of_2(groups), 2),
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
         EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
     )

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ._nvfp4 import to_float32
-from ._registry import INTERPRET, kernel_op, launch
+from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
 from .dequantize import dequantize_bf16
 from .grouped_gemm import check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
@@ -115,12 +115,12 @@ def _grouped_gemm_dact_op(
         dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
         F=f, K=k, G=groups, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
-        BLOCK_G=max(triton.next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
         TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )
     if probs is not None:
-        launch(_dp_sum_kernel, (triton.cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
+        launch(_dp_sum_kernel, (cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
                BM=128, num_warps=4)
     return dc, dp, d
 
