@@ -66,6 +66,11 @@ def main() -> None:
         fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], args.activation, clamp, True, 0xD7E8, True,
                               recompute)
 
+    def launches(fn):  # kernel name -> launches in one call of fn
+        counts.clear()
+        out = fn()
+        return out, ", ".join(f"{k} {v}" for k, v in counts.most_common())
+
     for recompute in (True, False):
         for _ in range(3):
             step(recompute)
@@ -74,9 +79,12 @@ def main() -> None:
         for _ in range(args.steps):
             step(recompute)
         ms = (time.perf_counter() - start) / args.steps * 1e3
-        launches = sum(counts.values()) // args.steps
-        print(f"recompute={recompute}: {ms:.2f} ms host time per fwd+bwd step, {launches} kernel launches "
-              f"({', '.join(f'{k} {v // args.steps}' for k, v in counts.most_common())})")
+        fwd, in_fwd = launches(lambda: fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, args.activation, clamp, True,
+                                                             0xD7E8, True, True, recompute))
+        _, in_bwd = launches(lambda: fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], args.activation, clamp,
+                                                           True, 0xD7E8, True, recompute))
+        print(f"recompute={recompute}: {ms:.2f} ms host time per fwd+bwd step\n  forward launches:  {in_fwd}\n"
+              f"  backward launches: {in_bwd}")
 
 
 if __name__ == "__main__":
