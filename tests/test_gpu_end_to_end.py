@@ -34,11 +34,12 @@ def test_cuda_runs_the_expected_lowering():
     print("CUDA lowering:", lowering_for_device(torch.device("cuda")).name)
 
 
-@pytest.mark.parametrize(
-    "activation, stochastic_rounding",
-    [("srelu", True), ("tanh_srelu", True), ("swiglu", True), ("swiglu", False)],
-    ids=["srelu-sr", "tanh_srelu-sr", "swiglu-sr", "swiglu-rne"],
-)
+ACTIVATIONS = ["srelu", "tanh_srelu", "swiglu"]
+ROUNDING = pytest.mark.parametrize("stochastic_rounding", [True, False], ids=["sr", "rne"])
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@ROUNDING
 def test_compiled_equals_eager_on_gpu(activation, stochastic_rounding):
     mlp, args = _model(activation)
     mlp.recipe = nv.Recipe(stochastic_rounding=stochastic_rounding)
@@ -46,9 +47,11 @@ def test_compiled_equals_eager_on_gpu(activation, stochastic_rounding):
     assert report.bitwise, str(report)
 
 
-@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
-def test_recompute_on_equals_off_on_gpu(activation):
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@ROUNDING
+def test_recompute_on_equals_off_on_gpu(activation, stochastic_rounding):
     mlp, args = _model(activation)
+    mlp.recipe = nv.Recipe(stochastic_rounding=stochastic_rounding)
     runs = []
     for recompute in (True, False):
         torch._dynamo.reset()
