@@ -39,11 +39,6 @@ from ..validate import check_group_sizes_values, check_grouped_mlp_args
 LIB = "nvfp4"
 
 
-def _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes, *, rht, sign_mask, block_2d, columnwise):
-    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=columnwise, rht=rht, sign_mask=sign_mask)
-    return xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), lw.quantize_weights(fc2_weight, block_2d=block_2d)
-
-
 def _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask):
     """(C, D, (pre-RHT, post-RHT) amax of D or None): one fused kernel where the target has
     it (the amaxes then come from its epilogue), else the GEMM and the activation."""
@@ -69,12 +64,14 @@ def grouped_mlp_infer(
     """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
     check_group_sizes_values(group_sizes, x.shape[0])
     lw = lowering_for_device(x.device)
-    xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
-                                    rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=False)
-    _, d, amax = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
+    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=False)
+    _, d, amax = _fc1(lw, xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), group_sizes, probs, activation,
+                      tanh_clamp_scale, sign_mask)
+    del xq
     dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
                            rowwise_amax=amax[0] if amax is not None else None)
-    return _fc2(lw, dq, w2q, group_sizes)
+    del d
+    return _fc2(lw, dq, lw.quantize_weights(fc2_weight, block_2d=block_2d), group_sizes)
 
 
 @grouped_mlp_infer.register_fake
@@ -90,12 +87,19 @@ def grouped_mlp_fwd(
 ) -> list[Tensor]:
     """[Y, C, x col (data, scale, amax), padded offsets, W1 col (data, scale), W1 amax,
     W2 col (data, scale), W2 amax, D col amax, D col data, D col scale] — the last two
-    empty with recompute (D is rebuilt in the backward)."""
+    empty with recompute (D is rebuilt in the backward).
+
+    Memory: W2 is quantized just before fc2 and the row-wise copies of x and W1 are
+    dropped after fc1, their last consumer (no quantization of the forward draws random
+    bits, so the order changes no result)."""
     check_group_sizes_values(group_sizes, x.shape[0])
     lw = lowering_for_device(x.device)
-    xq, w1q, w2q = _quantize_inputs(lw, x, fc1_weight, fc2_weight, group_sizes,
-                                    rht=rht, sign_mask=sign_mask, block_2d=block_2d, columnwise=True)
+    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
+    w1q = lw.quantize_weights(fc1_weight, block_2d=block_2d)
     c, d, amax = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
+    saved_x = [xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets,
+               w1q.columnwise_data, w1q.columnwise_scale, w1q.amax]
+    del xq, w1q
     if recompute:
         pre_rht, post_rht = amax if amax is not None else lw.group_hadamard_amax(d, group_sizes, sign_mask)
         dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
@@ -104,10 +108,10 @@ def grouped_mlp_fwd(
         given = {} if amax is None else {"rowwise_amax": amax[0], "columnwise_amax": amax[1] if rht else amax[0]}
         dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **given)
         d_col = (dq.columnwise_amax, dq.columnwise_data, dq.columnwise_scale)
+    del d
+    w2q = lw.quantize_weights(fc2_weight, block_2d=block_2d)
     y = _fc2(lw, dq, w2q, group_sizes)
-    return [y, c, xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets,
-            w1q.columnwise_data, w1q.columnwise_scale, w1q.amax,
-            w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, *d_col]
+    return [y, c, *saved_x, w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, *d_col]
 
 
 @grouped_mlp_fwd.register_fake
@@ -144,7 +148,13 @@ def grouped_mlp_bwd(
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
     recompute: bool,
 ) -> list[Tensor]:
-    """[dX, dW1, dW2, dprobs (empty without probs)]; SR seeds drawn dY first, then dC."""
+    """[dX, dW1, dW2, dprobs (empty without probs)]; SR seeds drawn dY first, then dC.
+
+    Memory: each intermediate is dropped once its last consumer has run (``del``), and fc1's
+    wgrad runs before its dgrad, so neither dY's copies, nor the bf16 dC and D, nor dX
+    are alive while the largest GEMM's transient bf16 operand copies are: the peak of the
+    step (benchmarks/NOTES.md, host_overhead / memory entries). GEMMs draw no random bits,
+    so their order changes no result."""
     lw = lowering_for_device(dy.device)
 
     def quantize_grad(t):
@@ -158,17 +168,23 @@ def grouped_mlp_bwd(
     else:
         g = lw.grouped_gemm(*dgrad)
         dc, dp, d = lw.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+        del g
+    del dgrad
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
         dq = lw.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
                                columnwise_amax=d_col_amax)
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
+        del dq
+    del d
     dw2 = lw.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
                                 d_col_data, d_col_scale, d_col_amax, offsets)
+    del dyq, d_col_data, d_col_scale
     dcq = quantize_grad(dc)
-    dx = lw.grouped_gemm(dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
-                         w1_col_data, w1_col_scale, w1_amax, group_sizes)
+    del dc
     dw1 = lw.grouped_gemm_wgrad(dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax,
                                 x_col_data, x_col_scale, x_col_amax, offsets)
+    dx = lw.grouped_gemm(dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
+                         w1_col_data, w1_col_scale, w1_amax, group_sizes)
     dprobs = dp.to(probs.dtype) if probs is not None else dy.new_empty(0, dtype=torch.float32)
     return [dx, dw1, dw2, dprobs]
 
