@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 import triton
@@ -41,13 +42,22 @@ def _interpreting() -> bool:
 INTERPRET = _interpreting()
 
 
+_DIRECT = threading.local()  # .on: a KernelOp body runs outside the dispatcher (see KernelOp)
+
+
 def launch(kernel, grid, **kwargs) -> None:
-    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids."""
+    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids.
+
+    Inside an op body that torch may trace, the launch goes through ``wrap_triton`` (so a
+    compiled graph records it); in a body called directly it is a plain Triton launch: an
+    untraced ``wrap_triton`` call dispatches a higher-order op, which costs far more host
+    time than the launch (torch turns it off in triton_op's own eager path for that reason)."""
     if any(isinstance(v, FakeTensor) for v in kwargs.values()):
         return
     if any(g == 0 for g in grid):
         return
-    (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
+    direct = INTERPRET or getattr(_DIRECT, "on", False)
+    (kernel if direct else torch.library.wrap_triton(kernel))[grid](**kwargs)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -72,7 +82,11 @@ class KernelOp:
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling():
             return self.op(*args, **kwargs)
-        return self.body(*args, **kwargs)
+        outer, _DIRECT.on = getattr(_DIRECT, "on", False), True
+        try:
+            return self.body(*args, **kwargs)
+        finally:
+            _DIRECT.on = outer
 
 
 def kernel_op(name: str):
