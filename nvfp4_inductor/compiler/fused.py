@@ -64,7 +64,7 @@ def grouped_mlp_infer(
     """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
     check_group_sizes_values(group_sizes, x.shape[0])
     lw = lowering_for_device(x.device)
-    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=False)
+    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask)
     _, d, amax = _fc1(lw, xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), group_sizes, probs, activation,
                       tanh_clamp_scale, sign_mask)
     del xq
@@ -152,9 +152,9 @@ def grouped_mlp_bwd(
 
     Memory: each intermediate is dropped once its last consumer has run (``del``), and fc1's
     wgrad runs before its dgrad, so neither dY's copies, nor the bf16 dC and D, nor dX
-    are alive while the largest GEMM's transient bf16 operand copies are: the peak of the
-    step (benchmarks/NOTES.md, host_overhead / memory entries). GEMMs draw no random bits,
-    so their order changes no result."""
+    are alive while the largest GEMM's transient bf16 operand copies are -- the step's
+    peak (benchmarks/memory_model.py). GEMMs draw no random bits, so their order changes
+    no result."""
     lw = lowering_for_device(dy.device)
 
     def quantize_grad(t):
