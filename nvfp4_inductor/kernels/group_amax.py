@@ -9,8 +9,9 @@ Same tiling as ``group_cast`` (padded token axis, R = BM/16 runs of 16 tokens he
 columns), keeps running elementwise maxima, and ends with one ``atomic_max`` per run
 into its group's amax. The post-RHT maxima are taken over the unrounded FWHT outputs and
 finished once per run (``_nvfp4.rht_round``: x0.25 and the bf16 rounding are monotone and
-odd, so they commute with max |.|), which saves ~5 instructions per element. Group sizes stay on the device; empty groups keep amax 0 (the
-outputs start at zero; a max is order-free, so the atomics give the reference's bits).
+odd, so they commute with max |.|), which saves ~5 instructions per element. Group sizes
+stay on the device; empty groups keep amax 0 (the outputs start at zero; a max is
+order-free, so the atomics give the reference's bits).
 """
 
 from __future__ import annotations
