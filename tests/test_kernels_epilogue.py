@@ -290,6 +290,45 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
         assert_bytes_equal(a, b, f"fused ops output {i}: epilogues vs unfused steps")
 
 
+def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
+    """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): when
+    fc1's wgrad runs, the bf16 dC and the regenerated D are gone and dX does not exist yet."""
+    import dataclasses
+    import weakref
+
+    from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.lowerings.triton import TRITON
+
+    refs, events = {}, []
+
+    def dgrad_act(*args, **kwargs):
+        dc, dp, d = TRITON.fc2_dgrad_act(*args, **kwargs)
+        refs["dC"], refs["D"] = weakref.ref(dc), weakref.ref(d)
+        return dc, dp, d
+
+    def wgrad(*args):
+        events.append(("wgrad", {name: ref() is not None for name, ref in refs.items()}))
+        return TRITON.grouped_gemm_wgrad(*args)
+
+    def gemm(*args):
+        events.append(("gemm", None))
+        return TRITON.grouped_gemm(*args)
+
+    lowering = dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad, grouped_gemm=gemm)
+    monkeypatch.setattr(fused, "lowering_for_device", lambda device: lowering)
+    gen = torch.Generator().manual_seed(2)
+    sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    w1 = (torch.randn(4, f, h, generator=gen) * 0.2).to(torch.bfloat16)
+    w2 = (torch.randn(4, h, f, generator=gen) * 0.2).to(torch.bfloat16)
+    probs, dy = torch.rand(t, generator=gen), torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "srelu", None, True, 0xD7E8, True, False, True)
+    events.clear()
+    fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "srelu", None, True, 0xD7E8, False, True)
+    assert events == [("wgrad", {"dC": True, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: bigger shapes with the H200 tile config (pytest -m gpu)
 
