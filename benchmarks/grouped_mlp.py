@@ -110,13 +110,20 @@ def saved_bytes(fn, args) -> int:
     return sum(storages.values())
 
 
-def measure(fn, args, grad):
-    from triton.testing import do_bench
+def training_step(fn, args, grad):
+    """One forward + backward of `fn` on (x, w1, w2, sizes, probs): the step every row times."""
 
     def step():
         y = fn(*args)
         torch.autograd.grad(y, (args[0], args[1], args[2], args[4]), grad)
 
+    return step
+
+
+def measure(fn, args, grad):
+    from triton.testing import do_bench
+
+    step = training_step(fn, args, grad)
     step()  # compile / warm up
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -134,10 +141,7 @@ def kernel_breakdown(fn, args, grad, top=14):
     """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    def step():
-        y = fn(*args)
-        torch.autograd.grad(y, (args[0], args[1], args[2], args[4]), grad)
-
+    step = training_step(fn, args, grad)
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
