@@ -1,9 +1,9 @@
-"""How kernel ops launch (kernels/_registry.py): untraced calls run the body with plain
-launches; calls under torch.compile go through the registered op; the launch inside a body
-the dispatcher runs uses ``wrap_triton`` (so torch can trace it) except in direct calls.
+"""How kernel ops launch (kernels/_registry.py): untraced calls run the body with
+``wrap_triton`` switched off (so it hands back the plain kernel); calls under torch.compile
+go through the registered op, with ``wrap_triton`` on (so torch can trace the launch).
 
 The CUDA branch is exercised on CPU by pretending the process is not interpreting and
-recording what ``launch`` hands the kernel to."""
+recording, for each launch, whether ``wrap_triton`` was on."""
 
 from __future__ import annotations
 
@@ -27,11 +27,15 @@ class _Kernel:
 
 @pytest.fixture
 def cuda_mode(monkeypatch):
-    """_registry as on CUDA (not interpreting), wrap_triton recorded instead of traced."""
+    """_registry as on CUDA (not interpreting); the kernels launched while wrap_triton is
+    on (those that would go through its higher-order op) recorded instead of traced."""
+    from torch._library.triton import is_wrap_triton_enabled
+
     wrapped = []
 
     def wrap_triton(kernel):
-        wrapped.append(kernel)
+        if is_wrap_triton_enabled():
+            wrapped.append(kernel)
         return kernel
 
     monkeypatch.setattr(_registry, "INTERPRET", False)

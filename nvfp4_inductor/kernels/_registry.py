@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 
 import torch
 import triton
+from torch._library.triton import set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import FakeTensor
 
 
@@ -42,22 +42,13 @@ def _interpreting() -> bool:
 INTERPRET = _interpreting()
 
 
-_DIRECT = threading.local()  # .on: a KernelOp body runs outside the dispatcher (see KernelOp)
-
-
 def launch(kernel, grid, **kwargs) -> None:
-    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids.
-
-    Inside an op body that torch may trace, the launch goes through ``wrap_triton`` (so a
-    compiled graph records it); in a body called directly it is a plain Triton launch: an
-    untraced ``wrap_triton`` call dispatches a higher-order op, which costs far more host
-    time than the launch (torch turns it off in triton_op's own eager path for that reason)."""
+    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids."""
     if any(isinstance(v, FakeTensor) for v in kwargs.values()):
         return
     if any(g == 0 for g in grid):
         return
-    direct = INTERPRET or getattr(_DIRECT, "on", False)
-    (kernel if direct else torch.library.wrap_triton(kernel))[grid](**kwargs)
+    (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -82,11 +73,11 @@ class KernelOp:
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling():
             return self.op(*args, **kwargs)
-        outer, _DIRECT.on = getattr(_DIRECT, "on", False), True
-        try:
+        # as triton_op's own eager path does: with wrap_triton off, ``launch`` gets the plain
+        # kernel back (an untraced wrap_triton call would dispatch a higher-order op per
+        # launch, costing far more host time than the launch)
+        with set_wrap_triton_enabled(False):
             return self.body(*args, **kwargs)
-        finally:
-            _DIRECT.on = outer
 
 
 def kernel_op(name: str):
