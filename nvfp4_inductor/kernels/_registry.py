@@ -27,7 +27,7 @@ import os
 
 import torch
 import triton
-from torch._library.triton import set_wrap_triton_enabled
+from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import FakeTensor
 
 
@@ -76,6 +76,8 @@ class KernelOp:
         # as triton_op's own eager path does: with wrap_triton off, ``launch`` gets the plain
         # kernel back (an untraced wrap_triton call would dispatch a higher-order op per
         # launch, costing far more host time than the launch)
+        if not is_wrap_triton_enabled():  # already off: a call from inside another body
+            return self.body(*args, **kwargs)
         with set_wrap_triton_enabled(False):
             return self.body(*args, **kwargs)
 
