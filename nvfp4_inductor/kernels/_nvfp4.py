@@ -111,28 +111,25 @@ def e2m1_rne(v):
 def e2m1_stochastic(v, rbyte):
     """fp32 v = x * enc (any sign and size), random byte r (int32 0..255) -> E2M1 code
     (int32) of clamp(v, -6, 6), the codes of numerics.e2m1_round_stochastic: |v| between
-    grid neighbours lo < hi rounds up iff (|v| - lo) * 256 / (hi - lo) > r + 0.5. That
-    product is exact and is read off the bits, with t = (r + 0.5) * 2**14 (an integer):
-      |v| >= 1:       the 22 mantissa bits below E2M1's one are (|v| - lo) * 2**22 / (hi - lo):
-                      up iff they exceed t, i.e. iff adding 2**22 - 1 - t carries into bit
-                      22: code = (bits + 2**22 - 1 - t - (252 << 22)) >> 22;
-      0.5 <= |v| < 1: lo = 0.5 (code 1), the 23 mantissa bits are (|v| - 0.5) * 2**24:
-                      up iff they exceed 2t: code = (bits - bits(0.5) + 2**24 - 1 - 2t) >> 23;
-      |v| < 0.5:      lo = 0 (code 0): up iff b = |v| * 1024 > n = 2r + 1. One fused
-                      multiply-add s = RNE(b + 2**23 - 0.5) (b is exact) lands on an
-                      integer m = s - 2**23 with m >= n iff b > n - 0.5 + (the tie at
-                      b = n rounds to the even m = n - 1, n being odd): up iff m > 2r,
-                      read from s's bits (no int->float convert, which issues at a
-                      quarter of the fp32 rate; for b < 0.5, m < 0).
+    grid neighbours lo < hi rounds up iff (|v| - lo) * 256 / (hi - lo) > r + 0.5. Both
+    cases read that exact comparison off integer sums, with c = 255 - r:
+      |v| >= 1: the 22 mantissa bits below E2M1's one are (|v| - lo) * 2**22 / (hi - lo);
+                up iff they exceed (r + 0.5) * 2**14, i.e. iff adding c * 2**14 + 2**13 - 1
+                carries into bit 22: code = (bits + (c << 14) + 8191 - (252 << 22)) >> 22
+                (252 = 126 << 1 rebiases fp32's exponent to E2M1's; a carry bumps it);
+      |v| < 1:  the grid is uniform (0, 0.5, 1; spacing 0.5), so with b = |v| * 1024 the
+                code is [b > 2r + 1] + [b > 2r + 513]. One fused multiply-add
+                s = RNE(b + 2**23 - 0.5) (b is exact) lands on an integer m = s - 2**23
+                with m >= n iff b > n for odd n (the tie b = n rounds to the even m = n - 1),
+                so code = (m - (2r + 1) + 512) >> 9 = (m + 1 + 2c) >> 9, m read from s's
+                bits (no int->float convert, which issues at a quarter of the fp32 rate).
     Clamp as in e2m1_rne: codes grow with |v|, min with 7."""
     a = tl.abs(v)
-    ab = a.to(tl.int32, bitcast=True)
-    t = (rbyte << 14) + 8192
-    normal = (ab + (0x3FFFFF - (252 << 22)) - t) >> 22
-    half = (ab + (0xFFFFFF - 0x3F000000) - 2 * t) >> 23
-    m = (a * 1024.0 + 8388607.5).to(tl.int32, bitcast=True) - 0x4B000000
-    small = (m > 2 * rbyte).to(tl.int32)
-    code = tl.where(a >= 1.0, normal, tl.where(a >= 0.5, half, small))
+    c = rbyte ^ 0xFF
+    normal = (a.to(tl.int32, bitcast=True) + (c << 14) + (8191 - (252 << 22))) >> 22
+    s = (a * 1024.0 + 8388607.5).to(tl.int32, bitcast=True)
+    small = (s + (2 * c + 1 - 0x4B000000)) >> 9
+    code = tl.where(a >= 1.0, normal, small)
     return tl.minimum(code, 7) | tl.where(v < 0.0, 8, 0)
 
 
