@@ -9,10 +9,13 @@ for every row), peak memory, bytes saved for backward (unique storages, via
 saved_tensors_hooks). Times: triton.testing.do_bench median after warm-up, random data.
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu] [--profile]
-                                     [--skip fake-quant eager save-D]
+                                     [--host-profile] [--skip fake-quant eager save-D]
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
-(recompute on) sorted by time: where the time goes.
+(recompute on) sorted by time: where the time goes. --host-profile adds the same step's
+host-side Python functions by own time (cProfile). The "host ms" column is the time to
+enqueue one step without waiting for the GPU: where it reaches "ms", the row is
+host-bound and its ratio depends on the CPU as much as on the kernels.
 """
 
 from __future__ import annotations
@@ -131,7 +134,46 @@ def measure(fn, args, grad):
     step()
     peak = torch.cuda.max_memory_allocated() - base
     ms = do_bench(step, warmup=50, rep=300, return_mode="median")
-    return ms, peak, saved_bytes(fn, args)
+    return ms, peak, saved_bytes(fn, args), host_ms(step)
+
+
+def host_ms(step, steps=5) -> float:
+    """Host time to enqueue one step: steps run back to back without a sync, so the CPU
+    never waits for the GPU (a few hundred launches stay far below the launch queue's
+    depth). A step whose host time reaches its GPU time is host-bound."""
+    import time
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / steps * 1e3
+
+
+def host_breakdown(fn, args, grad, steps=20, top=16):
+    """Where the host time of a step goes: cProfile over `steps` steps, functions by own time."""
+    import cProfile
+    import pstats
+
+    step = training_step(fn, args, grad)
+    step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, prim, own s, cum s, callers)
+    entries = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    rows = [[f"{name} ({file.rsplit('/', 2)[-2] + '/' + file.rsplit('/', 1)[-1] if '/' in file else file}:{line})"[:70],
+             f"{calls / steps:.0f}", f"{own / steps * 1e3:.3f}", f"{cum / steps * 1e3:.3f}"]
+            for (file, line, name), (_prim, calls, own, cum, _callers) in entries]
+    total = sum(v[2] for v in stats.values()) / steps * 1e3
+    return format_table(["function (own time)", "calls/step", "own ms/step", "cum ms/step"], rows) + \
+        f"\nhost total {total:.3f} ms/step (under cProfile, which inflates call-heavy code)"
 
 
 _SKIPPABLE = {"fake-quant": "fake-quant, stock Inductor", "eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D"}
@@ -161,6 +203,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
     parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="print where the host time of a compiled NVFP4 step goes (cProfile)")
     parser.add_argument("--skip", nargs="*", default=[], choices=sorted(_SKIPPABLE),
                         help="rows to leave out (each compile costs device time); the baseline always runs")
     args_ns = parser.parse_args()
@@ -189,7 +233,7 @@ def main():
             base_ms = base_saved = None
             for name, fn in variants.items():
                 try:
-                    ms, peak, saved = measure(fn, (x, w1, w2, sizes, probs), grad)
+                    ms, peak, saved, host = measure(fn, (x, w1, w2, sizes, probs), grad)
                 except Exception as error:  # a failing variant is reported, not hidden
                     rows.append([shape, activation, name, f"failed: {type(error).__name__}: {error}"[:80]])
                     continue
@@ -197,13 +241,15 @@ def main():
                 base_saved = base_saved or saved
                 rows.append([shape, activation, name, f"{ms / base_ms:.2f}", f"{ms:.2f}",
                              f"{flops / ms / 1e9:.0f}", f"{peak / 2**30:.2f}", f"{saved / 2**20:.0f}",
-                             f"{saved / base_saved:.2f}"])
+                             f"{saved / base_saved:.2f}", f"{host:.2f}"])
                 print(" | ".join(rows[-1]), flush=True)  # progress: a cut-off run still reports
                 if args_ns.profile and name == "nvfp4 compiled, recompute":
                     print(kernel_breakdown(fn, (x, w1, w2, sizes, probs), grad), flush=True)
+                if args_ns.host_profile and name == "nvfp4 compiled, recompute":
+                    print(host_breakdown(fn, (x, w1, w2, sizes, probs), grad), flush=True)
             torch._dynamo.reset()
     print(format_table(["shape", "act", "implementation", "time/bf16", "ms", "TFLOP/s", "peak GiB",
-                        "saved MiB", "saved/bf16"], rows))
+                        "saved MiB", "saved/bf16", "host ms"], rows))
 
 
 if __name__ == "__main__":
