@@ -29,6 +29,8 @@ from _assertions import assert_bytes_equal, assert_nvfp4_equal
 
 triton = pytest.importorskip("triton")
 from nvfp4_inductor import kernels  # noqa: E402
+from nvfp4_inductor.kernels import config  # noqa: E402
+from nvfp4_inductor.kernels.config import CastConfig  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not kernels.available(DEVICE):
@@ -121,6 +123,27 @@ def test_group_quantize_matches_reference(case: GroupCase):
     actual = kernels.group_quantize(x, sizes, **options)
     expected = numerics.group_quantize_torch(x, sizes, **options)
     assert_nvfp4_equal(actual, expected, f"group_quantize[{case.id}]")
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [CastConfig(block_m=16, block_k=32, num_warps=1), CastConfig(block_m=32, block_k=64, num_warps=2, max_registers=128)],
+    ids=["one_run_narrow", "two_runs_register_cap"],
+)
+def test_cast_tiles_change_no_bit(cfg):
+    """Tiles that split groups across programs, leave K unaligned (96 % 64) and cap the
+    registers give the reference's bits, RNE and SR."""
+    x = random_input(100, 96, seed=5)
+    sizes = torch.tensor([0, 37, 50, 13], device=DEVICE)
+    for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9)):
+        with config.override(cast=cfg):
+            actual = kernels.group_quantize(x, sizes, **options)
+        assert_nvfp4_equal(actual, numerics.group_quantize_torch(x, sizes, **options), f"tiles {cfg} {options}")
+
+
+def test_register_cap_is_a_launch_option():
+    assert CastConfig(32, 128, 1).launch_options() == dict(num_warps=1)
+    assert CastConfig(32, 128, 1, max_registers=168).launch_options() == dict(num_warps=1, maxnreg=168)
 
 
 @pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["mask_d7e8", "mask0"])

@@ -12,9 +12,19 @@ from ._registry import INTERPRET
 
 @dataclasses.dataclass(frozen=True)
 class CastConfig:
-    block_m: int  # padded tokens per program, a multiple of 16 (block_m / 16 runs)
+    block_m: int  # padded tokens per program: 16 x a power of 2 (block_m / 16 runs)
     block_k: int  # columns per program, a power of 2 >= 16
     num_warps: int
+    # ptxas register cap per thread (None: ptxas takes up to 255). Fewer registers let more
+    # warps share an SM, at the cost of spills to local memory.
+    max_registers: int | None = None
+
+    def launch_options(self) -> dict:
+        """Triton launch options of this config."""
+        options = dict(num_warps=self.num_warps)
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 @dataclasses.dataclass(frozen=True)

@@ -347,6 +347,6 @@ def group_cast(
         col_group_stride=k * capacity // BLOCK,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
         SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(next_power_of_2(groups), 2),
-        BM=cfg.block_m, BK=cfg.block_k, num_warps=cfg.num_warps,
+        BM=cfg.block_m, BK=cfg.block_k, **cfg.launch_options(),
     )
     return row_data, row_scale, col_data, col_scale, pad_off
