@@ -46,13 +46,16 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastCon
     row+col 58 vs 72 per element, row-only 29 vs 42), at ~250 registers and no spills.
     Tiles from the H200 sweep of run Q3 (65536 x 4096, benchmarks/quantize.py --sweep):
     RNE 32x128 1 warp 863 us vs 32x256 2 warps 885 us; SR 16x256 2 warps 1708 us vs
-    64x128 4 warps 2617 us (one run of 16 tokens per program: fewer Philox words held)."""
+    64x128 4 warps 2617 us (one run of 16 tokens per program: fewer Philox words held).
+    Register caps (run Q6, same shape): SR at 128 registers 1342 us vs 1467 uncapped (16
+    warps per SM instead of 10 outweigh its spills); RNE loses with any cap (200: 933 vs
+    863 us; 128: 1516). A row-wise-only cast holds one token at a time (64 registers)."""
     if _CAST_OVERRIDE is not None:
         return _CAST_OVERRIDE
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
     if sr:
-        return CastConfig(block_m=16, block_k=256, num_warps=2)
+        return CastConfig(block_m=16, block_k=256, num_warps=2, max_registers=128)
     return CastConfig(block_m=32, block_k=128, num_warps=1)
 
 

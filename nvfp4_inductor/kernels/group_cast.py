@@ -137,6 +137,15 @@ def _group_cast_kernel(
     seed = 0
     if SR:
         seed = tl.load(seed_ptr)
+    if ROWWISE and not COLUMNWISE and not BLOCK_2D:
+        # Row-wise only: tokens are independent, so each is loaded, cast and stored before
+        # the next is read; holding all 16 (below) would cost ~250 registers for nothing.
+        row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
+        for j in tl.static_range(16):
+            xj, srcj, okj = load_token(x_ptr, start, local0, size, in_group, j, K, ks, k_ok)
+            _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
+                           row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+        return
     x0, src0, ok0 = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
     x1, src1, ok1 = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
     x2, src2, ok2 = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
