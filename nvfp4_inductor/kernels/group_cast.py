@@ -16,7 +16,8 @@ sync, one launch for all groups; program (0, 0) also writes the padded offsets p
     runs         | run 0 (16 rows) | run 1 | ... | run R-1 |
     token j      |  x_j[run, :] = x[src row of (run, j), k0:k0+BK]
 
-Row-wise: tile x_j is R rows of x: 1x16 blocks along K, stored at the source rows.
+Row-wise: tile x_j is R rows of x: 1x16 blocks along K, stored at the source rows. A
+row-wise-only cast takes the 16 tiles one at a time (nothing needs them together).
 Column-wise: the 16 tiles of a run form one 16-token block per column k; codes of
 tokens 2i, 2i+1 share a byte and the 8 bytes of a run go out as one uint64, so the
 column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity).
