@@ -91,6 +91,7 @@ class GroupCase:
 
 
 _RHT = dict(rowwise=True, columnwise=True, rht=True)
+_ROW_ONLY = dict(rowwise=True, columnwise=False)
 GROUP_CASES = [
     GroupCase("rht_mask_default", 100, 128, (0, 37, 0, 50, 13, 0), _RHT),
     GroupCase("rht_mask0", 100, 128, (0, 37, 0, 50, 13, 0), dict(_RHT, sign_mask=0)),
@@ -150,10 +151,11 @@ def test_register_cap_is_a_launch_option():
 @pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
 def test_group_quantize_edge_cases(sign_mask, sr):
     x, sizes = edge_input()
-    options = dict(_RHT, sign_mask=sign_mask, stochastic_rounding=sr, seed=77 if sr else None)
-    actual = kernels.group_quantize(x, sizes, **options)
-    expected = numerics.group_quantize_torch(x, sizes, **options)
-    assert_nvfp4_equal(actual, expected, f"group_quantize[edge, mask={sign_mask:#x}, sr={sr}]")
+    for copies in (_RHT, _ROW_ONLY):  # row-only casts take their own path (one token at a time)
+        options = dict(copies, sign_mask=sign_mask, stochastic_rounding=sr, seed=77 if sr else None)
+        actual = kernels.group_quantize(x, sizes, **options)
+        expected = numerics.group_quantize_torch(x, sizes, **options)
+        assert_nvfp4_equal(actual, expected, f"group_quantize[edge, {options}]")
 
 
 def test_group_quantize_all_zero():
@@ -204,7 +206,8 @@ def test_quantize_matches_reference(name):
 
 def test_quantize_edge_cases():
     x, _ = edge_input(seed=1)
-    for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9), dict(rowwise=True, columnwise=True, block_2d=True)):
+    for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9), dict(rowwise=True, columnwise=True, block_2d=True),
+                    _ROW_ONLY, dict(_ROW_ONLY, stochastic_rounding=True, seed=9)):
         assert_nvfp4_equal(kernels.quantize(x, **options), numerics.quantize_torch(x, **options), f"quantize[edge {options}]")
 
 
