@@ -23,7 +23,6 @@ Usage: python benchmarks/quantize.py [--out DIR] [--sweep]   (needs a CUDA devic
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -48,10 +47,9 @@ def group_sizes(tokens: int) -> list[int]:
 
 
 def same_bits(a, b) -> bool:
-    """Every tensor field of two quantized results equal byte for byte."""
-    fields = [f.name for f in dataclasses.fields(a)]
-    return all((x is None and y is None) or (x is not None and y is not None and torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
-               for x, y in ((getattr(a, f), getattr(b, f)) for f in fields))
+    """Every field of two quantized results (``as_tuple``) equal byte for byte."""
+    return all((x is None) == (y is None) and (x is None or torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
+               for x, y in zip(a.as_tuple(), b.as_tuple()))
 
 
 def bench(fn) -> float:

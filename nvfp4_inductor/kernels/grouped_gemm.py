@@ -43,7 +43,6 @@ past a group's end are masked to zero.
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 
 import torch

@@ -40,8 +40,9 @@ TRITON = Lowering(
     quantize_weights=kernels.quantize_weights,
     # fprop/dgrad and wgrad: dequantize -> bf16 GEMM, 1.3-2.25x faster than in-register
     # dequant (benchmarks/NOTES.md run P1). fc1_act_amax / fc2_dgrad_act run the same
-    # dequantize and the same K loop (grouped_gemm_bf16.bf16_tile_acc, same tile config), so
-    # the fused steps stay bit-identical to grouped_gemm -> activation (compiled == eager).
+    # dequantize and the same K loop (grouped_gemm_bf16.bf16_tile_acc, natural K order, so
+    # their own tile configs change no bit), so the fused steps stay bit-identical to
+    # grouped_gemm -> activation (compiled == eager).
     grouped_gemm=grouped_gemm_via_bf16,
     grouped_gemm_wgrad=grouped_gemm_wgrad_via_bf16,
     activation_forward=activation_forward,
