@@ -2,7 +2,8 @@
 compared with BF16, per implementation, at the issue's shapes?
 
 Rows (one process, one GPU): BF16 torch.compile of a torch._grouped_mm MLP (the baseline,
-1.00); stock torch.compile of a fake-quant NVFP4 chain in plain PyTorch ops; our eager
+1.00); stock torch.compile of the NVFP4 chain in plain PyTorch ops (fake-quant: every
+operand of the six GEMMs quantize-dequantized as ours are, benchmarks/fake_quant.py); our eager
 NVFP4 (op by op); our compiled NVFP4, recompute on and off. Columns: forward+backward time
 relative to the baseline, TFLOP/s (6 * T * H * F1' flops per GEMM trio, counted the same
 for every row), peak memory, bytes saved for backward (unique storages, via
@@ -26,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 import nvfp4_inductor as nv
-from nvfp4_inductor import numerics
-from nvfp4_inductor.formats import dequantize_blocks
 from nvfp4_inductor.inspect import format_table
+
+from fake_quant import fake_quant_mlp
 
 SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
     "S1": (8, 16384, 4096, 2048, False),
@@ -57,39 +58,6 @@ def bf16_mlp(activation):
         h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
         d = (activation_fn(activation, h.float()) * probs[:, None]).bfloat16()
         return torch._grouped_mm(d, w2.transpose(-2, -1), offs=offs)
-
-    return run
-
-
-def fake_quant(t, group_sizes=None):
-    """Quantize-dequantize with the NVFP4 scale chain (row-wise, per-group amax), no RHT/SR."""
-    if group_sizes is None:  # weights: per expert, 16x16 tiles
-        g, n, k = t.shape
-        amax = t.abs().amax(dim=(1, 2)).float().repeat_interleave(n).unsqueeze(1)
-        data, scale = numerics.quantize_rows(t.reshape(g * n, k), amax, block_2d=True)
-        return dequantize_blocks(data, scale, amax).reshape(g, n, k).bfloat16()
-    group_of_row, *_ = numerics.group_layout(group_sizes, t.shape[0])
-    amax = numerics.group_amax(t, group_of_row, group_sizes.numel())[group_of_row].unsqueeze(1)
-    data, scale = numerics.quantize_rows(t, amax)
-    return dequantize_blocks(data, scale, amax).bfloat16()
-
-
-class _FakeQuant(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, group_sizes):
-        return fake_quant(t, group_sizes)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None  # straight-through
-
-
-def fake_quant_mlp(activation):
-    def run(x, w1, w2, sizes, probs):
-        offs = torch.cumsum(sizes, 0, dtype=torch.int32)
-        h = torch._grouped_mm(_FakeQuant.apply(x, sizes), _FakeQuant.apply(w1, None).transpose(-2, -1), offs=offs)
-        d = (activation_fn(activation, h.float()) * probs[:, None]).bfloat16()
-        return torch._grouped_mm(_FakeQuant.apply(d, sizes), _FakeQuant.apply(w2, None).transpose(-2, -1), offs=offs)
 
     return run
 
@@ -223,7 +191,7 @@ def main():
             flops = 3 * 2 * tokens * hidden * (f1 + ffn)  # fwd + dgrad + wgrad of both GEMMs
             variants = {
                 "bf16 compiled (baseline)": torch.compile(bf16_mlp(activation)),
-                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(activation)),
+                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c))),
                 "nvfp4 eager": nvfp4_mlp(activation),
                 "nvfp4 compiled, recompute": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True)),
                 "nvfp4 compiled, save D": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False)),

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import nvfp4_inductor.kernels as kernels  # noqa: E402
+from nvfp4_inductor import ops  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
 from nvfp4_inductor.lowerings.triton import TRITON  # noqa: E402
 
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     counts = stub_launches()
-    fused.lowering_for_device = lambda device: TRITON
+    fused.lowering_for_device = ops.lowering_for_device = lambda device: TRITON  # ops: the backward's fc1 GEMMs
     g, t, h, f = args.groups, 32 * args.groups, 256, 128
     f1 = 2 * f if args.activation == "swiglu" else f
     sizes = torch.full((g,), t // g)

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from grouped_mlp import SHAPES  # noqa: E402
+from nvfp4_inductor import ops  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
 from nvfp4_inductor.lowerings.triton import TRITON  # noqa: E402
 
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--no-recompute", dest="recompute", action="store_false")
     args = parser.parse_args()
     stub_launches()
-    fused.lowering_for_device = lambda device: TRITON
+    fused.lowering_for_device = ops.lowering_for_device = lambda device: TRITON  # ops: the backward's fc1 GEMMs
     g, t, h, f, _ = SHAPES[args.shape]
     f1 = 2 * f if args.activation == "swiglu" else f
     clamp = 1.0 if args.activation == "tanh_srelu" else None
@@ -91,8 +92,17 @@ def main() -> None:
     with LiveBytes() as mode:  # the op bodies: a mode sees a custom op as one call
         y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, *options, True, True, args.recompute)
         forward_peak, after_forward = mode.peak, mode.now
-        grads = fused.grouped_mlp_bwd._init_fn(dy, saved[0], probs, sizes, *saved[1:], *options, True,
-                                               args.recompute)
+        # the backward's three ops (fused.grouped_mlp_bwd), each saved tensor dropped after
+        # its last reader as the compiled backward does
+        c, x_col, offsets, w1_col, w2_col, d_col = saved[0], saved[1:4], saved[4], saved[5:8], saved[8:11], saved[11:]
+        del saved
+        dw2, dprobs, *dcq = fused.grouped_mlp_bwd_fc2._init_fn(dy, c, probs, sizes, offsets, *w2_col, *d_col,
+                                                               *options, True, args.recompute)
+        del c, w2_col, d_col
+        dw1 = ops.grouped_gemm_wgrad_op._init_fn(*dcq[3:], *x_col, offsets)
+        del x_col, dcq[3:]
+        dx = ops.grouped_gemm_op._init_fn(*dcq, *w1_col, sizes)
+        del dcq, w1_col
     print(f"{args.shape} {args.activation} recompute={args.recompute}: forward peak {forward_peak / MiB:.0f} MiB, "
           f"saved + Y after forward {after_forward / MiB:.0f} MiB, step peak {mode.peak / MiB:.0f} MiB")
     by_site = collections.Counter()
@@ -101,7 +111,7 @@ def main() -> None:
     for site, nbytes in by_site.most_common():
         if nbytes >= MiB:
             print(f"  {nbytes / MiB:7.0f} MiB  {site}")
-    del y, grads
+    del y, dx, dw1, dw2, dprobs
 
 
 if __name__ == "__main__":

@@ -138,7 +138,8 @@ def test_recompute_saves_neither_fc2_input_nor_its_columnwise_copy(activation):
     assert not any(v.dtype == torch.uint8 and v.dim() == 2 and v.shape[0] == f for v in saved), "D's column-wise copy is saved"
     forward_ops, backward_ops = _ops(forward), _ops(backward)
     assert "nvfp4.grouped_mlp_fwd.default" in forward_ops
-    assert "nvfp4.grouped_mlp_bwd.default" in backward_ops
+    fc1_ops = ["nvfp4.grouped_gemm_wgrad.default", "nvfp4.grouped_gemm.default"]
+    assert [op for op in backward_ops if op.startswith("nvfp4.")] == ["nvfp4.grouped_mlp_bwd_fc2.default", *fc1_ops]
     # no separate column-wise quantize or amax reduction over D in either graph
     for op in ("nvfp4.group_quantize.default", "nvfp4.group_hadamard_amax.default", "aten.amax.default"):
         assert op not in forward_ops + backward_ops
@@ -173,6 +174,40 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(monkeypatch):
     assert forward_calls.count("amax") == 1
     assert "amax" not in calls
     assert ("quantize", True, False) in calls  # column-wise only, with the saved amax
+
+
+def test_compiled_backward_frees_saved_tensors_after_their_last_reader(monkeypatch):
+    """In Inductor's generated backward, C (saved by the forward op, read by fc2's backward
+    op only) is freed before fc1's wgrad runs: what splitting the backward into three ops
+    is for (compiler/fused.py grouped_mlp_bwd; benchmarks/memory_model.py)."""
+    import dataclasses
+    import weakref
+
+    from nvfp4_inductor import ops
+    from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.lowerings.reference import REFERENCE
+
+    c_ref, c_alive_at_wgrad = [], []
+
+    def gemm(*args):
+        out = REFERENCE.grouped_gemm(*args)
+        if not c_ref:  # the forward's first GEMM is fc1: its output is C
+            c_ref.append(weakref.ref(out))
+        return out
+
+    def wgrad(*args):
+        c_alive_at_wgrad.append(c_ref[0]() is not None)
+        return REFERENCE.grouped_gemm_wgrad(*args)
+
+    spy = dataclasses.replace(REFERENCE, grouped_gemm=gemm, grouped_gemm_wgrad=wgrad)
+    for module in (fused, ops):
+        monkeypatch.setattr(module, "lowering_for_device", lambda device: spy)
+    torch._dynamo.reset()
+    mlp, args = _grouped_mlp_model("srelu", probs=True)
+    x = args[0].requires_grad_()
+    y = torch.compile(mlp, backend="nvfp4")(x, *args[1:])
+    y.backward(torch.randn_like(y))
+    assert c_alive_at_wgrad == [True, False], f"C alive at (fc2 wgrad, fc1 wgrad): {c_alive_at_wgrad}"
 
 
 def test_no_recompiles_when_routing_changes():
@@ -258,7 +293,7 @@ def test_dump_code_writes_the_graphs_and_generated_code(tmp_path):
     names = [f.name for f in files]
     assert any("Forward_graph" in n for n in names) and any("Backward_graph" in n for n in names), names
     text = "\n".join(f.read_text(errors="replace") for f in files if f.suffix == ".py")
-    assert "nvfp4.grouped_mlp_fwd" in text and "nvfp4.grouped_mlp_bwd" in text
+    assert "nvfp4.grouped_mlp_fwd" in text and "nvfp4.grouped_mlp_bwd_fc2" in text
 
 
 def test_explain_reports_sites_rejections_and_saved_bytes():

@@ -264,6 +264,7 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
     (fields set to None), byte for byte, and no amax pass over D runs."""
     import dataclasses
 
+    from nvfp4_inductor import ops
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.lowerings.triton import TRITON
 
@@ -280,7 +281,8 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
     x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
     outs = []
     for lowering in (spied, unfused):
-        monkeypatch.setattr(fused, "lowering_for_device", lambda device, lw=lowering: lw)
+        for module in (fused, ops):  # the fused backward's fc1 GEMMs are the eager GEMM ops
+            monkeypatch.setattr(module, "lowering_for_device", lambda device, lw=lowering: lw)
         fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "swiglu", None, True, 0xD7E8, True, False, True)
         bwd = fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "swiglu", None, True, 0xD7E8, False, True)
         outs.append(fwd + bwd)
@@ -291,11 +293,13 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
 
 
 def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
-    """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): when
-    fc1's wgrad runs, the bf16 dC and the regenerated D are gone and dX does not exist yet."""
+    """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): the bf16
+    dC and the regenerated D are gone when the wgrads run (dC is quantized before fc2's
+    wgrad), and dX is computed last."""
     import dataclasses
     import weakref
 
+    from nvfp4_inductor import ops
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.lowerings.triton import TRITON
 
@@ -315,7 +319,8 @@ def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
         return TRITON.grouped_gemm(*args)
 
     lowering = dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad, grouped_gemm=gemm)
-    monkeypatch.setattr(fused, "lowering_for_device", lambda device: lowering)
+    for module in (fused, ops):  # the fused backward's fc1 GEMMs are the eager GEMM ops
+        monkeypatch.setattr(module, "lowering_for_device", lambda device: lowering)
     gen = torch.Generator().manual_seed(2)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
@@ -326,7 +331,7 @@ def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
     fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "srelu", None, True, 0xD7E8, True, False, True)
     events.clear()
     fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "srelu", None, True, 0xD7E8, False, True)
-    assert events == [("wgrad", {"dC": True, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
+    assert events == [("wgrad", {"dC": False, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
 
 
 # ---------------------------------------------------------------------------------------

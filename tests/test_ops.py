@@ -30,7 +30,7 @@ from _assertions import assert_bytes_equal
 from nvfp4_inductor import numerics
 from nvfp4_inductor import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from nvfp4_inductor.activations import activation_backward, activation_forward
-from nvfp4_inductor.compiler import fused  # noqa: F401  (registers the fused ops)
+from nvfp4_inductor.compiler import fused
 from nvfp4_inductor.recipe import DEFAULT_SIGN_MASK
 
 nvfp4 = torch.ops.nvfp4
@@ -530,9 +530,12 @@ def test_grouped_mlp_bwd(case: MCase, recompute: bool):
     args = (dy, saved[1], probs, gs, *saved[2:], case.activation, case.clamp, case.rht, DEFAULT_SIGN_MASK,
             False, recompute)
     if case.with_probs and str(case) in MLP_OPCHECK and recompute == (case.activation == "srelu"):
-        # two cases (srelu recompute, swiglu saveD): the op's shapes depend on little else
-        torch.library.opcheck(nvfp4.grouped_mlp_bwd, args, test_utils=NO_SCHEMA)
-        _check_functional(nvfp4.grouped_mlp_bwd, args, "grouped_mlp_bwd")
+        # two cases (srelu recompute, swiglu saveD): the op's shapes depend on little else.
+        # The backward's other two ops are the eager GEMM ops, checked above.
+        fc2_args = (dy, saved[1], probs, gs, saved[5], *saved[9:], case.activation, case.clamp, case.rht,
+                    DEFAULT_SIGN_MASK, False, recompute)
+        torch.library.opcheck(nvfp4.grouped_mlp_bwd_fc2, fc2_args, test_utils=NO_SCHEMA)
+        _check_functional(nvfp4.grouped_mlp_bwd_fc2, fc2_args, "grouped_mlp_bwd_fc2")
     _, c, xq, w1q, w2q, _, dq = _reference_forward(case, x, w1, w2, gs, probs)
     expected = _reference_backward(case, dy, c, probs, gs, xq, w1q, w2q, dq)
-    _assert_tuple_equal(nvfp4.grouped_mlp_bwd(*args), expected, f"grouped_mlp_bwd {case}")
+    _assert_tuple_equal(fused.grouped_mlp_bwd(*args), expected, f"grouped_mlp_bwd {case}")

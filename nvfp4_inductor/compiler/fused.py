@@ -21,8 +21,11 @@ epilogue, with no pass over D at all); the backward regenerates D bit-exactly in
 activation-gradient step (fused into the fc2 dgrad GEMM where the lowering has
 ``fc2_dgrad_act``) and casts it column-wise with the saved post-RHT amax, so no
 amax pass over D runs in the backward. Fused and unfused steps give the same bits.
-The backward is its own op: a backward that called the forward op again would be merged
-with it by the partitioner's CSE and the activation saved after all (PITFALLS.md).
+The backward is its own ops (``grouped_mlp_bwd``: fc2's part up to dC's NVFP4 copies,
+then fc1's wgrad and dgrad as the eager GEMM ops), never the forward op again: that would
+be merged with it by the partitioner's CSE and the activation saved after all (PITFALLS.md).
+Three ops rather than one let the compiled backward free each saved tensor after its last
+reader (benchmarks/memory_model.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import ops
 from ..lowerings import lowering_for_device
 from ..recipe import Recipe
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
@@ -138,23 +142,20 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scal
             new(g, dtype=torch.float32), *d_col]
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mlp_bwd", mutates_args=())
-def grouped_mlp_bwd(
-    dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor,
-    x_col_data: Tensor, x_col_scale: Tensor, x_col_amax: Tensor, offsets: Tensor,
-    w1_col_data: Tensor, w1_col_scale: Tensor, w1_amax: Tensor,
+@torch.library.custom_op(f"{LIB}::grouped_mlp_bwd_fc2", mutates_args=())
+def grouped_mlp_bwd_fc2(
+    dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor, offsets: Tensor,
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
     d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
     recompute: bool,
 ) -> list[Tensor]:
-    """[dX, dW1, dW2, dprobs (empty without probs)]; SR seeds drawn dY first, then dC.
+    """The backward up to dC's NVFP4 copies: [dW2, dprobs (empty without probs), dC row-wise
+    (data, scale, amax), dC column-wise (data, scale, amax)]. SR seeds drawn dY first, then dC.
 
-    Memory: each intermediate is dropped once its last consumer has run (``del``), and fc1's
-    wgrad runs before its dgrad, so neither dY's copies, nor the bf16 dC and D, nor dX
-    are alive while the largest GEMM's transient bf16 operand copies are -- the step's
-    peak (benchmarks/memory_model.py). GEMMs draw no random bits, so their order changes
-    no result."""
+    Memory: dC is quantized before fc2's wgrad, so its bf16 copy is gone while the wgrad's
+    transient bf16 operands live; each intermediate is dropped after its last consumer
+    (``del``). GEMMs draw no random bits, so their order changes no result."""
     lw = lowering_for_device(dy.device)
 
     def quantize_grad(t):
@@ -176,27 +177,53 @@ def grouped_mlp_bwd(
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
         del dq
     del d
-    dw2 = lw.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
-                                d_col_data, d_col_scale, d_col_amax, offsets)
-    del dyq, d_col_data, d_col_scale
     dcq = quantize_grad(dc)
     del dc
-    dw1 = lw.grouped_gemm_wgrad(dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax,
-                                x_col_data, x_col_scale, x_col_amax, offsets)
-    dx = lw.grouped_gemm(dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
-                         w1_col_data, w1_col_scale, w1_amax, group_sizes)
+    dw2 = lw.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
+                                d_col_data, d_col_scale, d_col_amax, offsets)
     dprobs = dp.to(probs.dtype) if probs is not None else dy.new_empty(0, dtype=torch.float32)
-    return [dx, dw1, dw2, dprobs]
+    return [dw2, dprobs, dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
+            dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax]
 
 
-@grouped_mlp_bwd.register_fake
-def _(dy, c, probs, group_sizes, x_col_data, x_col_scale, x_col_amax, offsets, w1_col_data, w1_col_scale, w1_amax,
-      w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale, activation, tanh_clamp_scale, rht,
-      sign_mask, stochastic_rounding, recompute):
-    g, h, f1_half = w1_col_data.shape
-    f = w2_col_data.shape[1]
+@grouped_mlp_bwd_fc2.register_fake
+def _(dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale,
+      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute):
+    from ..numerics import columnwise_capacity
+
+    t, f1 = c.shape
+    g, f, h_half = w2_col_data.shape
+    p = columnwise_capacity(t, g)
+    e4m3 = torch.float8_e4m3fn
     dprobs = probs.new_empty(probs.shape) if probs is not None else dy.new_empty(0, dtype=torch.float32)
-    return [dy.new_empty(dy.shape[0], h), dy.new_empty(g, 2 * f1_half, h), dy.new_empty(g, h, f), dprobs]
+    return [dy.new_empty(g, 2 * h_half, f), dprobs,
+            c.new_empty(t, f1 // 2, dtype=torch.uint8), c.new_empty(t, f1 // 16, dtype=e4m3),
+            c.new_empty(g, dtype=torch.float32),
+            c.new_empty(f1, p // 2, dtype=torch.uint8), c.new_empty(f1, p // 16, dtype=e4m3),
+            c.new_empty(g, dtype=torch.float32)]
+
+
+def grouped_mlp_bwd(
+    dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor,
+    x_col_data: Tensor, x_col_scale: Tensor, x_col_amax: Tensor, offsets: Tensor,
+    w1_col_data: Tensor, w1_col_scale: Tensor, w1_amax: Tensor,
+    w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
+    d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
+    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
+    recompute: bool,
+) -> list[Tensor]:
+    """[dX, dW1, dW2, dprobs (empty without probs)] from the forward op's saved tensors.
+
+    Three ops, so that a compiled backward frees each saved tensor after the op that last
+    reads it: C, W2's copies and D's are gone before fc1's GEMMs, and x's column-wise copy
+    and dC's before fc1's dgrad (Inductor deletes buffers after their last use; one op
+    would hold all its arguments until it returns). fc1's wgrad runs before its dgrad."""
+    dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
+        dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data,
+        d_col_scale, activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute)
+    dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], x_col_data, x_col_scale, x_col_amax, offsets)
+    dx = ops.grouped_gemm_op(*dcq[:3], w1_col_data, w1_col_scale, w1_amax, group_sizes)
+    return [dx, dw1, dw2, dprobs]
 
 
 def _setup_context(ctx, inputs, output):
@@ -270,10 +297,10 @@ def describe_steps(lowering, *, recompute: bool, fused_amax: bool, rht: bool, st
         (f"quantize dY: row + {col}{sr}", "group_quantize"),
         *dact,
         *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
-        ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),
-        ("fc1 dgrad -> dX", "grouped_gemm"),
-        ("fc1 wgrad -> dW1", "grouped_gemm_wgrad"),
+        ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
+        ("fc1 wgrad -> dW1 (own op)", "grouped_gemm_wgrad"),
+        ("fc1 dgrad -> dX (own op)", "grouped_gemm"),
     ]
 
     def named(steps):
