@@ -14,9 +14,12 @@ rounded) for ``torch._grouped_mm``:
 
 Differences from our chain, on purpose (this row is a cost baseline, not a twin): the
 global scale is folded into the bf16 operands instead of multiplying the fp32
-accumulator; D is saved in bf16 (no recompute); the Philox seeds are fixed per call
-site rather than drawn per step (the random bytes are still computed on the device every
-step, so the cost is the same). Gradients go straight through the quantizers.
+accumulator; D is saved in bf16 (no recompute); the stochastic-rounding bytes come from
+``torch.randint`` (Inductor's own RNG, one draw per element) rather than SPEC's Philox
+words per 16-element block: with ``numerics.sr_random_bytes`` inlined, Inductor's
+lowering of the backward took over 5 minutes (its per-node op counting is quadratic in
+the 10-round Philox chains; CPU profile, 2026-11-29). Gradients go straight through
+the quantizers.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from __future__ import annotations
 import torch
 
 from nvfp4_inductor import numerics
-from nvfp4_inductor.constants import INV_FP4_E4M3_MAX
+from nvfp4_inductor.constants import INV_FP4_E4M3_MAX, RHT_DEFAULT_SIGN_MASK
 from nvfp4_inductor.formats import block_values, dequantize_blocks
+from nvfp4_inductor.tensor import NVFP4GroupedTensor
 
 
 def _ends(sizes: torch.Tensor) -> torch.Tensor:
@@ -55,25 +59,48 @@ def _weights(w: torch.Tensor, columnwise: bool) -> torch.Tensor:
         g, rows, 2 * half).bfloat16()
 
 
+def _group_quantize(x, sizes, *, rowwise=True, columnwise=False, stochastic_rounding=False):
+    """``numerics.group_quantize_torch`` with the column-wise copy RHT'd, and SR bytes from
+    ``torch.randint`` (module docstring)."""
+    tokens, k = x.shape
+    groups = sizes.numel()
+    group_of_row, padded_row, padded_offsets, group_of_padded_row = numerics.group_layout(sizes, tokens)
+    q = NVFP4GroupedTensor(None, None, None, None, None, None, padded_offsets, sizes.to(torch.int64))
+
+    def random_bytes(shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device=x.device) if stochastic_rounding else None
+
+    if rowwise:
+        q.rowwise_amax = numerics.group_amax(x, group_of_row, groups)
+        q.rowwise_data, q.rowwise_scale = numerics.quantize_rows(x, q.rowwise_amax[group_of_row].unsqueeze(1),
+                                                                 rbytes=random_bytes(x.shape))
+    if columnwise:
+        xt = numerics.rht16(numerics.pad_groups(x, padded_row, numerics.columnwise_capacity(tokens, groups)).t(),
+                            RHT_DEFAULT_SIGN_MASK)
+        q.columnwise_amax = numerics.group_amax(xt.t(), group_of_padded_row, groups)
+        q.columnwise_data, q.columnwise_scale = numerics.quantize_rows(
+            xt, q.columnwise_amax[group_of_padded_row[::16]].unsqueeze(0), rbytes=random_bytes(xt.shape))
+    return q
+
+
 class FakeQuantGroupedMM(torch.autograd.Function):
     """out[t] = a[t] . w_g^T for t in group g, every operand of the forward, dgrad and
-    wgrad GEMMs quantize-dequantized as NVFP4 (module docstring). `seed` fixes the
-    stochastic rounding of this call site's gradient."""
+    wgrad GEMMs quantize-dequantized as NVFP4 (module docstring); `stochastic_rounding`
+    on the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, a, w, sizes, seed):
+    def forward(ctx, a, w, sizes, stochastic_rounding):
         ctx.save_for_backward(a, w, sizes)
-        ctx.seed = seed  # None: round to nearest
-        aq = numerics.group_quantize_torch(a, sizes, rowwise=True)
+        ctx.stochastic_rounding = stochastic_rounding
+        aq = _group_quantize(a, sizes)
         return torch._grouped_mm(_rows(aq, sizes), _weights(w, False).transpose(1, 2), offs=_ends(sizes))
 
     @staticmethod
     def backward(ctx, dout):
         a, w, sizes = ctx.saved_tensors
-        gq = numerics.group_quantize_torch(dout.contiguous(), sizes, rowwise=True, columnwise=True, rht=True,
-                                           stochastic_rounding=ctx.seed is not None, seed=ctx.seed)
+        gq = _group_quantize(dout.contiguous(), sizes, columnwise=True, stochastic_rounding=ctx.stochastic_rounding)
         da = torch._grouped_mm(_rows(gq, sizes), _weights(w, True).transpose(1, 2), offs=_ends(sizes))
-        aq = numerics.group_quantize_torch(a, sizes, rowwise=False, columnwise=True, rht=True)
+        aq = _group_quantize(a, sizes, rowwise=False, columnwise=True)
         offs = gq.columnwise_offsets[1:].to(torch.int32)
         dw = torch._grouped_mm(_columns(gq, a.shape[0]), _columns(aq, a.shape[0]).t(), offs=offs)
         return da, dw, None, None
@@ -81,11 +108,10 @@ class FakeQuantGroupedMM(torch.autograd.Function):
 
 def fake_quant_mlp(activation_fn, stochastic_rounding: bool = True):
     """(x, w1, w2, sizes, probs) -> Y of the grouped MLP with `activation_fn(C fp32)`."""
-    seeds = (0x5EED1, 0x5EED2) if stochastic_rounding else (None, None)
 
     def run(x, w1, w2, sizes, probs):
-        c = FakeQuantGroupedMM.apply(x, w1, sizes, seeds[0])
+        c = FakeQuantGroupedMM.apply(x, w1, sizes, stochastic_rounding)
         d = (activation_fn(c.float()) * probs[:, None]).bfloat16()
-        return FakeQuantGroupedMM.apply(d, w2, sizes, seeds[1])
+        return FakeQuantGroupedMM.apply(d, w2, sizes, stochastic_rounding)
 
     return run

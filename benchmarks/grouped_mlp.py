@@ -22,6 +22,7 @@ host-bound and its ratio depends on the CPU as much as on the kernels.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -95,8 +96,10 @@ def measure(fn, args, grad):
     from triton.testing import do_bench
 
     step = training_step(fn, args, grad)
+    start = time.perf_counter()
     step()  # compile / warm up
     torch.cuda.synchronize()
+    print(f"  first step (compile, warm-up) {time.perf_counter() - start:.0f} s", flush=True)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     step()
@@ -109,8 +112,6 @@ def host_ms(step, steps=5) -> float:
     """Host time to enqueue one step: steps run back to back without a sync, so the CPU
     never waits for the GPU (a few hundred launches stay far below the launch queue's
     depth). A step whose host time reaches its GPU time is host-bound."""
-    import time
-
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
@@ -189,12 +190,12 @@ def main():
             probs = torch.rand(tokens, device=device).requires_grad_()
             grad = torch.randn(tokens, hidden, device=device).bfloat16()
             flops = 3 * 2 * tokens * hidden * (f1 + ffn)  # fwd + dgrad + wgrad of both GEMMs
-            variants = {
+            variants = {  # fake-quant last: its compile is the longest
                 "bf16 compiled (baseline)": torch.compile(bf16_mlp(activation)),
-                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c))),
                 "nvfp4 eager": nvfp4_mlp(activation),
                 "nvfp4 compiled, recompute": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True)),
                 "nvfp4 compiled, save D": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False)),
+                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c))),
             }
             for key in args_ns.skip:
                 variants.pop(_SKIPPABLE[key])

@@ -26,7 +26,7 @@ def test_fake_quant_layer_quantizes_what_the_chain_quantizes():
     a = torch.randn(t, k, generator=gen).bfloat16().requires_grad_()
     w = (torch.randn(4, n, k, generator=gen) * 0.2).bfloat16().requires_grad_()
     dout = torch.randn(t, n, generator=gen).bfloat16()
-    out = FakeQuantGroupedMM.apply(a, w, sizes, None)
+    out = FakeQuantGroupedMM.apply(a, w, sizes, False)
     da, dw = torch.autograd.grad(out, (a, w), dout)
 
     aq = numerics.group_quantize_torch(a.detach(), sizes, rowwise=True, columnwise=True, rht=True)
