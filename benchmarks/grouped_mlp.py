@@ -111,9 +111,10 @@ def measure(fn, args, grad):
 def host_ms(step, steps=5) -> float:
     """Host time to enqueue one step: steps run back to back without a sync, so the CPU
     does not wait for the GPU as long as their launches fit in the launch queue (~1000
-    deep): true of the NVFP4 and BF16 rows (~40 launches a step), not of the fake-quant
-    row (a few hundred), whose figure is then GPU-bound and not host time. A step whose
-    host time reaches its GPU time is host-bound."""
+    deep): true of the NVFP4 and BF16 rows (~40 launches a step). The fake-quant row's
+    figure came out at ~0.8x its GPU time (runs E10, E11): read it as "the host waited",
+    not as host time (unverified: its launch count was not taken). A step whose host time
+    reaches its GPU time is host-bound."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
