@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from nvfp4_inductor import numerics
-from nvfp4_inductor.constants import INV_FP4_E4M3_MAX, RHT_DEFAULT_SIGN_MASK
+from nvfp4_inductor.constants import BLOCK, INV_FP4_E4M3_MAX, RHT_DEFAULT_SIGN_MASK
 from nvfp4_inductor.formats import block_values, dequantize_blocks
 from nvfp4_inductor.tensor import NVFP4GroupedTensor
 
@@ -79,7 +79,7 @@ def _group_quantize(x, sizes, *, rowwise=True, columnwise=False, stochastic_roun
                             RHT_DEFAULT_SIGN_MASK)
         q.columnwise_amax = numerics.group_amax(xt.t(), group_of_padded_row, groups)
         q.columnwise_data, q.columnwise_scale = numerics.quantize_rows(
-            xt, q.columnwise_amax[group_of_padded_row[::16]].unsqueeze(0), rbytes=random_bytes(xt.shape))
+            xt, q.columnwise_amax[group_of_padded_row[::BLOCK]].unsqueeze(0), rbytes=random_bytes(xt.shape))
     return q
 
 
