@@ -36,9 +36,9 @@ def _ends(sizes: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(sizes, 0, dtype=torch.int32)
 
 
-def _rows(q, sizes: torch.Tensor) -> torch.Tensor:
+def _rows(q) -> torch.Tensor:
     """bf16 values of a grouped row-wise copy (T, K)."""
-    group_of_row = numerics.group_layout(sizes, q.rowwise_data.shape[0])[0]
+    group_of_row = numerics.group_layout(q.group_sizes, q.rowwise_data.shape[0])[0]
     return dequantize_blocks(q.rowwise_data, q.rowwise_scale, q.rowwise_amax[group_of_row].unsqueeze(1)).bfloat16()
 
 
@@ -93,13 +93,13 @@ class FakeQuantGroupedMM(torch.autograd.Function):
         ctx.save_for_backward(a, w, sizes)
         ctx.stochastic_rounding = stochastic_rounding
         aq = _group_quantize(a, sizes)
-        return torch._grouped_mm(_rows(aq, sizes), _weights(w, False).transpose(1, 2), offs=_ends(sizes))
+        return torch._grouped_mm(_rows(aq), _weights(w, False).transpose(1, 2), offs=_ends(sizes))
 
     @staticmethod
     def backward(ctx, dout):
         a, w, sizes = ctx.saved_tensors
         gq = _group_quantize(dout.contiguous(), sizes, columnwise=True, stochastic_rounding=ctx.stochastic_rounding)
-        da = torch._grouped_mm(_rows(gq, sizes), _weights(w, True).transpose(1, 2), offs=_ends(sizes))
+        da = torch._grouped_mm(_rows(gq), _weights(w, True).transpose(1, 2), offs=_ends(sizes))
         aq = _group_quantize(a, sizes, rowwise=False, columnwise=True)
         offs = gq.columnwise_offsets[1:].to(torch.int32)
         dw = torch._grouped_mm(_columns(gq, a.shape[0]), _columns(aq, a.shape[0]).t(), offs=offs)

@@ -45,6 +45,11 @@ def stub_launches() -> collections.Counter:
     return counts
 
 
+def use_lowering(lowering) -> None:
+    """Run the fused ops, and the eager GEMM ops their backward calls for fc1, on `lowering`."""
+    fused.lowering_for_device = ops.lowering_for_device = lambda device: lowering
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activation", default="swiglu", choices=["srelu", "tanh_srelu", "swiglu"])
@@ -52,7 +57,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     counts = stub_launches()
-    fused.lowering_for_device = ops.lowering_for_device = lambda device: TRITON  # ops: the backward's fc1 GEMMs
+    use_lowering(TRITON)
     g, t, h, f = args.groups, 32 * args.groups, 256, 128
     f1 = 2 * f if args.activation == "swiglu" else f
     sizes = torch.full((g,), t // g)

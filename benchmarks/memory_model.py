@@ -21,7 +21,7 @@ import traceback
 import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from host_overhead import stub_launches  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
+from host_overhead import stub_launches, use_lowering  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--no-recompute", dest="recompute", action="store_false")
     args = parser.parse_args()
     stub_launches()
-    fused.lowering_for_device = ops.lowering_for_device = lambda device: TRITON  # ops: the backward's fc1 GEMMs
+    use_lowering(TRITON)
     g, t, h, f, _ = SHAPES[args.shape]
     f1 = 2 * f if args.activation == "swiglu" else f
     clamp = 1.0 if args.activation == "tanh_srelu" else None

@@ -11,3 +11,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # --- end nvfp4_inductor.kernels -----------------------------------------------------------
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def use_lowering(monkeypatch):
+    """``use_lowering(lw)``: the fused ops, and the eager GEMM ops their backward calls for
+    fc1 (compiler/fused.py ``grouped_mlp_bwd``), run on the lowering `lw`."""
+    from nvfp4_inductor import ops
+    from nvfp4_inductor.compiler import fused
+
+    def use(lowering):
+        for module in (fused, ops):
+            monkeypatch.setattr(module, "lowering_for_device", lambda device: lowering)
+
+    return use

@@ -152,7 +152,7 @@ def test_no_recompute_saves_fc2_input_columnwise_copy():
     assert any(v.dtype == torch.uint8 and v.dim() == 2 and v.shape[0] == f for v in _saved(forward))
 
 
-def test_backward_casts_regenerated_fc2_input_with_saved_amax(monkeypatch):
+def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_lowering):
     """Inside the fused backward: no amax pass, D quantized column-wise with the saved amax."""
     from nvfp4_inductor.lowerings import reference
 
@@ -164,7 +164,7 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(monkeypatch):
         "group_quantize": lambda *a, **k: calls.append(("quantize", k.get("columnwise_amax") is not None,
                                                         k.get("rowwise"))) or real_quantize(*a, **k),
     })
-    monkeypatch.setattr("nvfp4_inductor.compiler.fused.lowering_for_device", lambda device: spy)
+    use_lowering(spy)
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()
     y = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x, *args[1:])
@@ -176,15 +176,13 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(monkeypatch):
     assert ("quantize", True, False) in calls  # column-wise only, with the saved amax
 
 
-def test_compiled_backward_frees_saved_tensors_after_their_last_reader(monkeypatch):
+def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_lowering):
     """In Inductor's generated backward, C (saved by the forward op, read by fc2's backward
     op only) is freed before fc1's wgrad runs: what splitting the backward into three ops
     is for (compiler/fused.py grouped_mlp_bwd; benchmarks/memory_model.py)."""
     import dataclasses
     import weakref
 
-    from nvfp4_inductor import ops
-    from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.lowerings.reference import REFERENCE
 
     c_ref, c_alive_at_wgrad = [], []
@@ -199,9 +197,7 @@ def test_compiled_backward_frees_saved_tensors_after_their_last_reader(monkeypat
         c_alive_at_wgrad.append(c_ref[0]() is not None)
         return REFERENCE.grouped_gemm_wgrad(*args)
 
-    spy = dataclasses.replace(REFERENCE, grouped_gemm=gemm, grouped_gemm_wgrad=wgrad)
-    for module in (fused, ops):
-        monkeypatch.setattr(module, "lowering_for_device", lambda device: spy)
+    use_lowering(dataclasses.replace(REFERENCE, grouped_gemm=gemm, grouped_gemm_wgrad=wgrad))
     torch._dynamo.reset()
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()

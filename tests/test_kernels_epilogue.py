@@ -259,12 +259,11 @@ def test_zero_tokens_and_errors():
         grouped_gemm_dact(*dargs, cc[:, :16], None, "srelu")
 
 
-def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
+def test_fused_ops_use_the_epilogues_bitwise(use_lowering):
     """compiler/fused.py on the Triton lowering: with its fused steps == without them
     (fields set to None), byte for byte, and no amax pass over D runs."""
     import dataclasses
 
-    from nvfp4_inductor import ops
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.lowerings.triton import TRITON
 
@@ -281,8 +280,7 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
     x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
     outs = []
     for lowering in (spied, unfused):
-        for module in (fused, ops):  # the fused backward's fc1 GEMMs are the eager GEMM ops
-            monkeypatch.setattr(module, "lowering_for_device", lambda device, lw=lowering: lw)
+        use_lowering(lowering)
         fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "swiglu", None, True, 0xD7E8, True, False, True)
         bwd = fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "swiglu", None, True, 0xD7E8, False, True)
         outs.append(fwd + bwd)
@@ -292,14 +290,13 @@ def test_fused_ops_use_the_epilogues_bitwise(monkeypatch):
         assert_bytes_equal(a, b, f"fused ops output {i}: epilogues vs unfused steps")
 
 
-def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
+def test_fused_backward_frees_before_the_largest_gemm(use_lowering):
     """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): the bf16
     dC and the regenerated D are gone when the wgrads run (dC is quantized before fc2's
     wgrad), and dX is computed last."""
     import dataclasses
     import weakref
 
-    from nvfp4_inductor import ops
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.lowerings.triton import TRITON
 
@@ -319,8 +316,7 @@ def test_fused_backward_frees_before_the_largest_gemm(monkeypatch):
         return TRITON.grouped_gemm(*args)
 
     lowering = dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad, grouped_gemm=gemm)
-    for module in (fused, ops):  # the fused backward's fc1 GEMMs are the eager GEMM ops
-        monkeypatch.setattr(module, "lowering_for_device", lambda device: lowering)
+    use_lowering(lowering)
     gen = torch.Generator().manual_seed(2)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
