@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from grouped_mlp import SHAPES, routing  # noqa: E402
 
-from nvfp4_inductor.inspect import format_table  # noqa: E402
+from nvfp4_inductor.inspection import format_table  # noqa: E402
 from nvfp4_inductor.kernels.activation import _act_code, _clamp  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_act import _grouped_gemm_act_op  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_bf16 import (  # noqa: E402

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.inspect import format_table
+from nvfp4_inductor.inspection import format_table
 
 from fake_quant import fake_quant_mlp
 

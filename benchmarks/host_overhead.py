@@ -26,9 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import nvfp4_inductor.kernels as kernels  # noqa: E402
-from nvfp4_inductor import ops  # noqa: E402
+from nvfp4_inductor import lowerings  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
-from nvfp4_inductor.lowerings.triton import TRITON  # noqa: E402
+from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
+from nvfp4_inductor.saved import SavedForBackward  # noqa: E402
 
 
 def stub_launches() -> collections.Counter:
@@ -45,9 +46,26 @@ def stub_launches() -> collections.Counter:
     return counts
 
 
-def use_lowering(lowering) -> None:
-    """Run the fused ops, and the eager GEMM ops their backward calls for fc1, on `lowering`."""
-    fused.lowering_for_device = ops.lowering_for_device = lambda device: lowering
+def triton_here() -> str:
+    """Register, as the most preferred target, one that runs the Triton steps on every
+    device (CPU tensors through the kernels' host code) with the Triton target's
+    capabilities, and return its name for the fused ops' plan arguments."""
+    triton = lowerings.get_target("triton")
+    caps = triton.probe(torch.device("cpu"))
+    if "triton_here" not in [t.name for t in lowerings.targets()]:
+        lowerings.register_target(lowerings.Target("triton_here", triton.steps, lambda device: caps))
+    return "triton_here"
+
+
+def fused_step(x, w1, w2, sizes, probs, dy, activation, clamp, recompute, target, *, backward=True):
+    """The fused forward op, then the backward ops, with every fused kernel planned,
+    RHT, the default sign mask and stochastic rounding; returns (forward outputs, grads)."""
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, activation, clamp, True, RHT_DEFAULT_SIGN_MASK, True, True,
+                                recompute, target, True, True, True)
+    if not backward:
+        return fwd, None
+    options = fused.BackwardOptions(activation, clamp, True, RHT_DEFAULT_SIGN_MASK, True, recompute, target, True)
+    return fwd, fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
 
 
 def main() -> None:
@@ -57,7 +75,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     counts = stub_launches()
-    use_lowering(TRITON)
+    target = triton_here()
     g, t, h, f = args.groups, 32 * args.groups, 256, 128
     f1 = 2 * f if args.activation == "swiglu" else f
     sizes = torch.full((g,), t // g)
@@ -66,11 +84,8 @@ def main() -> None:
     probs = torch.rand(t)
     clamp = 1.0 if args.activation == "tanh_srelu" else None
 
-    def step(recompute):
-        fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, args.activation, clamp, True, 0xD7E8, True, True,
-                                    recompute)
-        fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], args.activation, clamp, True, 0xD7E8, True,
-                              recompute)
+    def step(recompute, backward=True):
+        return fused_step(x, w1, w2, sizes, probs, dy, args.activation, clamp, recompute, target, backward=backward)
 
     def launches(fn):  # kernel name -> launches in one call of fn
         counts.clear()
@@ -85,12 +100,11 @@ def main() -> None:
         for _ in range(args.steps):
             step(recompute)
         ms = (time.perf_counter() - start) / args.steps * 1e3
-        fwd, in_fwd = launches(lambda: fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, args.activation, clamp, True,
-                                                             0xD7E8, True, True, recompute))
-        _, in_bwd = launches(lambda: fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], args.activation, clamp,
-                                                           True, 0xD7E8, True, recompute))
+        _, in_fwd = launches(lambda: step(recompute, backward=False))
+        _, in_step = launches(lambda: step(recompute))
+        in_bwd = in_step  # forward + backward; the forward's launches are listed above
         print(f"recompute={recompute}: {ms:.2f} ms host time per fwd+bwd step\n  forward launches:  {in_fwd}\n"
-              f"  backward launches: {in_bwd}")
+              f"  forward + backward launches: {in_bwd}")
 
 
 if __name__ == "__main__":

@@ -21,15 +21,16 @@ import traceback
 import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from host_overhead import stub_launches, use_lowering  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
+from host_overhead import stub_launches, triton_here  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from grouped_mlp import SHAPES  # noqa: E402
 from nvfp4_inductor import ops  # noqa: E402
+from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
-from nvfp4_inductor.lowerings.triton import TRITON  # noqa: E402
+from nvfp4_inductor.saved import SavedForBackward  # noqa: E402
 
 MiB = 2**20
 
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--no-recompute", dest="recompute", action="store_false")
     args = parser.parse_args()
     stub_launches()
-    use_lowering(TRITON)
+    target = triton_here()
     g, t, h, f, _ = SHAPES[args.shape]
     f1 = 2 * f if args.activation == "swiglu" else f
     clamp = 1.0 if args.activation == "tanh_srelu" else None
@@ -88,20 +89,24 @@ def main() -> None:
     x, dy = torch.empty(t, h, dtype=torch.bfloat16), torch.empty(t, h, dtype=torch.bfloat16)
     w1, w2 = torch.empty(g, f1, h, dtype=torch.bfloat16), torch.empty(g, h, f, dtype=torch.bfloat16)
     probs = torch.rand(t)
-    options = (args.activation, clamp, True, 0xD7E8)
+    options = (args.activation, clamp, True, RHT_DEFAULT_SIGN_MASK)
     with LiveBytes() as mode:  # the op bodies: a mode sees a custom op as one call
-        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, *options, True, True, args.recompute)
+        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, *options, True, True, args.recompute,
+                                                   target, True, True, True)
         forward_peak, after_forward = mode.peak, mode.now
         # the backward's three ops (fused.grouped_mlp_bwd), each saved tensor dropped after
         # its last reader as the compiled backward does
-        c, x_col, offsets, w1_col, w2_col, d_col = saved[0], saved[1:4], saved[4], saved[5:8], saved[8:11], saved[11:]
-        del saved
+        s = SavedForBackward.unflatten(saved)
+        c, offsets, x_col = s.c, s.offsets, (s.x_col_data, s.x_col_scale, s.x_col_amax)
+        w1_col, w2_col = (s.w1_col_data, s.w1_col_scale, s.w1_amax), (s.w2_col_data, s.w2_col_scale, s.w2_amax)
+        d_col = (s.d_col_amax, s.d_col_data, s.d_col_scale)
+        del saved, s
         dw2, dprobs, *dcq = fused.grouped_mlp_bwd_fc2._init_fn(dy, c, probs, sizes, offsets, *w2_col, *d_col,
-                                                               *options, True, args.recompute)
+                                                               *options, True, args.recompute, target, True)
         del c, w2_col, d_col
-        dw1 = ops.grouped_gemm_wgrad_op._init_fn(*dcq[3:], *x_col, offsets)
+        dw1 = ops.grouped_gemm_wgrad_op._init_fn(*dcq[3:], *x_col, offsets, target)
         del x_col, dcq[3:]
-        dx = ops.grouped_gemm_op._init_fn(*dcq, *w1_col, sizes)
+        dx = ops.grouped_gemm_op._init_fn(*dcq, *w1_col, sizes, target)
         del dcq, w1_col
     print(f"{args.shape} {args.activation} recompute={args.recompute}: forward peak {forward_peak / MiB:.0f} MiB, "
           f"saved + Y after forward {after_forward / MiB:.0f} MiB, step peak {mode.peak / MiB:.0f} MiB")

@@ -7,7 +7,7 @@
 """
 
 from .compiler.backend import backend, register
-from .inspect import compare, dump_code, explain
+from .inspection import compare, dump_code, explain
 from .nn import GroupedMLP, grouped_mlp
 from .quantize import group_quantize, quantize
 from .recipe import Recipe

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.inspect import format_table
+from nvfp4_inductor.inspection import format_table
 
 EXPERTS, HIDDEN, FFN, TOKENS, TOP_K = 4, 64, 64, 256, 2
 

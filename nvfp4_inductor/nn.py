@@ -24,51 +24,56 @@ import torch
 from torch import nn
 
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
+from .lowerings import SiteSpec, choose_plan
 from .recipe import Recipe
+from .saved import SavedForBackward
 from .validate import check_grouped_mlp_args
 
 nvfp4 = torch.ops.nvfp4
 
 
-def _group_quantize(x, group_sizes, recipe: Recipe, *, stochastic: bool, rowwise=True, columnwise=True,
-                    rowwise_amax=None, columnwise_amax=None):
+def _group_quantize(x, group_sizes, recipe: Recipe, target: str, *, stochastic: bool):
     """(row data, row scale, row amax, col data, col scale, col amax, padded offsets)."""
-    return nvfp4.group_quantize(
-        x, group_sizes, rowwise, columnwise, recipe.rht, recipe.sign_mask,
-        stochastic and recipe.stochastic_rounding, rowwise_amax, columnwise_amax,
-    )
+    return nvfp4.group_quantize(x, group_sizes, True, True, recipe.rht, recipe.sign_mask,
+                                stochastic and recipe.stochastic_rounding, None, None, target)
 
 
 class _GroupedMLPChain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe):
-        xq = _group_quantize(x, group_sizes, recipe, stochastic=False)
-        w1q = nvfp4.quantize_weights(fc1_weight, recipe.block_2d)
-        w2q = nvfp4.quantize_weights(fc2_weight, recipe.block_2d)
-        c = nvfp4.grouped_gemm(xq[0], xq[1], xq[2], w1q[0], w1q[1], w1q[4], group_sizes)
-        d = nvfp4.activation(c, probs, activation, tanh_clamp_scale)
-        dq = _group_quantize(d, group_sizes, recipe, stochastic=False)
-        y = nvfp4.grouped_gemm(dq[0], dq[1], dq[2], w2q[0], w2q[1], w2q[4], group_sizes)
-        ctx.save_for_backward(
-            c, probs, group_sizes, xq[3], xq[4], xq[5], xq[6], w1q[2], w1q[3], w1q[4], w2q[2], w2q[3], w2q[4],
-            dq[3], dq[4], dq[5],
+        # The same choice the backend makes for a compiled site (op by op: no fused kernels).
+        target = choose_plan(SiteSpec.on(x.device, activation, dtype=x.dtype, hidden=x.shape[1],
+                                         ffn=fc2_weight.shape[2]), recipe).target
+        xq = _group_quantize(x, group_sizes, recipe, target, stochastic=False)
+        w1q = nvfp4.quantize_weights(fc1_weight, recipe.block_2d, target)
+        w2q = nvfp4.quantize_weights(fc2_weight, recipe.block_2d, target)
+        c = nvfp4.grouped_gemm(xq[0], xq[1], xq[2], w1q[0], w1q[1], w1q[4], group_sizes, target)
+        d = nvfp4.activation(c, probs, activation, tanh_clamp_scale, target)
+        dq = _group_quantize(d, group_sizes, recipe, target, stochastic=False)
+        y = nvfp4.grouped_gemm(dq[0], dq[1], dq[2], w2q[0], w2q[1], w2q[4], group_sizes, target)
+        saved = SavedForBackward(
+            c=c, x_col_data=xq[3], x_col_scale=xq[4], x_col_amax=xq[5], offsets=xq[6],
+            w1_col_data=w1q[2], w1_col_scale=w1q[3], w1_amax=w1q[4], w2_col_data=w2q[2], w2_col_scale=w2q[3],
+            w2_amax=w2q[4], d_col_amax=dq[5], d_col_data=dq[3], d_col_scale=dq[4],
         )
-        ctx.activation, ctx.tanh_clamp_scale, ctx.recipe = activation, tanh_clamp_scale, recipe
+        ctx.save_for_backward(probs, group_sizes, *saved.flatten())
+        ctx.activation, ctx.tanh_clamp_scale, ctx.recipe, ctx.target = activation, tanh_clamp_scale, recipe, target
         ctx.probs_dtype = probs.dtype if probs is not None else None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        (c, probs, group_sizes, x_cd, x_cs, x_ca, offsets, w1_cd, w1_cs, w1_a, w2_cd, w2_cs, w2_a,
-         d_cd, d_cs, d_ca) = ctx.saved_tensors
-        recipe = ctx.recipe
-        dyq = _group_quantize(dy.contiguous(), group_sizes, recipe, stochastic=True)
-        g = nvfp4.grouped_gemm(dyq[0], dyq[1], dyq[2], w2_cd, w2_cs, w2_a, group_sizes)
-        dc, dp, _ = nvfp4.activation_backward(g, c, probs, ctx.activation, ctx.tanh_clamp_scale, False)
-        dw2 = nvfp4.grouped_gemm_wgrad(dyq[3], dyq[4], dyq[5], d_cd, d_cs, d_ca, offsets)
-        dcq = _group_quantize(dc, group_sizes, recipe, stochastic=True)
-        dx = nvfp4.grouped_gemm(dcq[0], dcq[1], dcq[2], w1_cd, w1_cs, w1_a, group_sizes)
-        dw1 = nvfp4.grouped_gemm_wgrad(dcq[3], dcq[4], dcq[5], x_cd, x_cs, x_ca, offsets)
+        probs, group_sizes, *saved = ctx.saved_tensors
+        s, recipe, target = SavedForBackward.unflatten(saved), ctx.recipe, ctx.target
+        dyq = _group_quantize(dy.contiguous(), group_sizes, recipe, target, stochastic=True)
+        g = nvfp4.grouped_gemm(dyq[0], dyq[1], dyq[2], s.w2_col_data, s.w2_col_scale, s.w2_amax, group_sizes, target)
+        dc, dp, _ = nvfp4.activation_backward(g, s.c, probs, ctx.activation, ctx.tanh_clamp_scale, False, target)
+        dw2 = nvfp4.grouped_gemm_wgrad(dyq[3], dyq[4], dyq[5], s.d_col_data, s.d_col_scale, s.d_col_amax, s.offsets,
+                                       target)
+        dcq = _group_quantize(dc, group_sizes, recipe, target, stochastic=True)
+        dx = nvfp4.grouped_gemm(dcq[0], dcq[1], dcq[2], s.w1_col_data, s.w1_col_scale, s.w1_amax, group_sizes, target)
+        dw1 = nvfp4.grouped_gemm_wgrad(dcq[3], dcq[4], dcq[5], s.x_col_data, s.x_col_scale, s.x_col_amax, s.offsets,
+                                       target)
         dprobs = dp.to(ctx.probs_dtype) if probs is not None else None
         return dx, dw1, dw2, None, dprobs, None, None, None
 

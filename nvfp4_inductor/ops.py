@@ -1,8 +1,9 @@
 """``torch.library`` ops ``nvfp4::*``: one op per step of the eager chain.
 
-Each op runs the step with the lowering for its inputs' device (``lowerings``): the
-reference on CPU, the Triton kernels on CUDA once wired. Fake impls give shapes for
-tracing. Optional outputs (a copy that was not asked for) come back as empty tensors;
+Each op runs the step of the target it names (``target``; the fused ops pass their
+site's plan), or, when None, of the first registered target that runs on its inputs'
+device (``lowerings.choose_target``): the Triton kernels on CUDA, the reference on CPU.
+Fake impls give shapes for tracing. Optional outputs (a copy that was not asked for) come back as empty tensors;
 the Python wrappers in ``quantize.py`` turn them into None.
 
 Stochastic rounding draws its Philox seed inside the op (``numerics.draw_seed``) at run
@@ -20,7 +21,7 @@ from torch import Tensor
 from . import numerics
 from .activations import compute_dtype
 from .constants import BLOCK
-from .lowerings import lowering_for_device
+from .lowerings import steps_for
 from .validate import check_group_sizes_values
 
 LIB = "nvfp4"
@@ -49,9 +50,10 @@ def quantize_op(
     stochastic_rounding: bool,
     rowwise_amax: Optional[Tensor],
     columnwise_amax: Optional[Tensor],
+    target: Optional[str] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(row data, row scale, row amax, col data, col scale, col amax); empty when absent."""
-    q = lowering_for_device(x.device).quantize(
+    q = steps_for(target, x.device).quantize(
         x,
         rowwise=rowwise,
         columnwise=columnwise,
@@ -67,7 +69,8 @@ def quantize_op(
 
 
 @quantize_op.register_fake
-def _(x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax):
+def _(x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax,
+      target=None):
     m, k = x.shape
     row = (
         (x.new_empty(m, k // 2, dtype=torch.uint8), x.new_empty(m, k // BLOCK, dtype=torch.float8_e4m3fn),
@@ -93,10 +96,11 @@ def group_quantize_op(
     stochastic_rounding: bool,
     rowwise_amax: Optional[Tensor],
     columnwise_amax: Optional[Tensor],
+    target: Optional[str] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """NVFP4GroupedTensor fields without group_sizes (the caller has them)."""
     check_group_sizes_values(group_sizes, x.shape[0])
-    q = lowering_for_device(x.device).group_quantize(
+    q = steps_for(target, x.device).group_quantize(
         x,
         group_sizes,
         rowwise=rowwise,
@@ -112,7 +116,8 @@ def group_quantize_op(
 
 
 @group_quantize_op.register_fake
-def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax):
+def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
+      target=None):
     t, k = x.shape
     g = group_sizes.shape[0]
     p = numerics.columnwise_capacity(t, g)
@@ -130,25 +135,27 @@ def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, 
 
 
 @torch.library.custom_op(f"{LIB}::group_hadamard_amax", mutates_args=())
-def group_hadamard_amax_op(x: Tensor, group_sizes: Tensor, sign_mask: int) -> tuple[Tensor, Tensor]:
+def group_hadamard_amax_op(x: Tensor, group_sizes: Tensor, sign_mask: int,
+                           target: Optional[str] = None) -> tuple[Tensor, Tensor]:
     """Per-group (pre-RHT amax, post-RHT amax), one pass over x."""
-    return lowering_for_device(x.device).group_hadamard_amax(x, group_sizes, sign_mask)
+    return steps_for(target, x.device).group_hadamard_amax(x, group_sizes, sign_mask)
 
 
 @group_hadamard_amax_op.register_fake
-def _(x, group_sizes, sign_mask):
+def _(x, group_sizes, sign_mask, target=None):
     g = group_sizes.shape[0]
     return x.new_empty(g, dtype=torch.float32), x.new_empty(g, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::quantize_weights", mutates_args=())
-def quantize_weights_op(w: Tensor, block_2d: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def quantize_weights_op(w: Tensor, block_2d: bool,
+                        target: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """NVFP4WeightStack fields of a (G, N, K) expert weight stack."""
-    return lowering_for_device(w.device).quantize_weights(w, block_2d=block_2d).as_tuple()
+    return steps_for(target, w.device).quantize_weights(w, block_2d=block_2d).as_tuple()
 
 
 @quantize_weights_op.register_fake
-def _(w, block_2d):
+def _(w, block_2d, target=None):
     g, n, k = w.shape
     return (
         w.new_empty(g, n, k // 2, dtype=torch.uint8),
@@ -166,30 +173,30 @@ def _(w, block_2d):
 @torch.library.custom_op(f"{LIB}::grouped_gemm", mutates_args=())
 def grouped_gemm_op(
     a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
-    group_sizes: Tensor,
+    group_sizes: Tensor, target: Optional[str] = None,
 ) -> Tensor:
     """fprop/dgrad: (T, N) bf16 = per group alpha_g * deq(a) . deq(b_g)^T."""
-    return lowering_for_device(a_data.device).grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes)
+    return steps_for(target, a_data.device).grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes)
 
 
 @grouped_gemm_op.register_fake
-def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes):
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, target=None):
     return a_data.new_empty(a_data.shape[0], b_data.shape[1], dtype=torch.bfloat16)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_gemm_wgrad", mutates_args=())
 def grouped_gemm_wgrad_op(
     a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
-    padded_offsets: Tensor,
+    padded_offsets: Tensor, target: Optional[str] = None,
 ) -> Tensor:
     """wgrad: (G, N, M) bf16 from two column-wise grouped copies (contraction over tokens)."""
-    return lowering_for_device(a_data.device).grouped_gemm_wgrad(
+    return steps_for(target, a_data.device).grouped_gemm_wgrad(
         a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets
     )
 
 
 @grouped_gemm_wgrad_op.register_fake
-def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets):
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets, target=None):
     return a_data.new_empty(padded_offsets.shape[0] - 1, a_data.shape[0], b_data.shape[0], dtype=torch.bfloat16)
 
 
@@ -198,13 +205,14 @@ def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets):
 
 
 @torch.library.custom_op(f"{LIB}::activation", mutates_args=())
-def activation_op(c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float]) -> Tensor:
+def activation_op(c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float],
+                  target: Optional[str] = None) -> Tensor:
     """D = round(f(C) * p) to C's dtype (``activations.activation_forward``)."""
-    return lowering_for_device(c.device).activation_forward(c, probs, activation, tanh_clamp_scale)
+    return steps_for(target, c.device).activation_forward(c, probs, activation, tanh_clamp_scale)
 
 
 @activation_op.register_fake
-def _(c, probs, activation, tanh_clamp_scale):
+def _(c, probs, activation, tanh_clamp_scale, target=None):
     f = c.shape[1] // 2 if activation == "swiglu" else c.shape[1]
     return c.new_empty(c.shape[0], f)
 
@@ -212,32 +220,32 @@ def _(c, probs, activation, tanh_clamp_scale):
 @torch.library.custom_op(f"{LIB}::activation_backward", mutates_args=())
 def activation_backward_op(
     g: Tensor, c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float],
-    regenerate: bool,
+    regenerate: bool, target: Optional[str] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dC, dprobs (empty without probs), D regenerated (empty unless `regenerate`))."""
-    dc, dp, d = lowering_for_device(c.device).activation_backward(
+    dc, dp, d = steps_for(target, c.device).activation_backward(
         g.contiguous(), c, probs, activation, tanh_clamp_scale, regenerate=regenerate
     )
     return dc, _or_empty(dp, c, compute_dtype(c)), _or_empty(d, c, c.dtype)
 
 
 @activation_backward_op.register_fake
-def _(g, c, probs, activation, tanh_clamp_scale, regenerate):
+def _(g, c, probs, activation, tanh_clamp_scale, regenerate, target=None):
     dp = c.new_empty(c.shape[0], dtype=compute_dtype(c)) if probs is not None else _empty(c, compute_dtype(c))
     d = c.new_empty(g.shape) if regenerate else _empty(c, c.dtype)
     return c.new_empty(c.shape), dp, d
 
 
 def _activation_setup_context(ctx, inputs, output):
-    c, probs, activation, tanh_clamp_scale = inputs
+    c, probs, activation, tanh_clamp_scale, target = inputs
     ctx.save_for_backward(c, probs)
-    ctx.activation, ctx.tanh_clamp_scale = activation, tanh_clamp_scale
+    ctx.activation, ctx.tanh_clamp_scale, ctx.target = activation, tanh_clamp_scale, target
 
 
 def _activation_backward(ctx, grad):
     c, probs = ctx.saved_tensors
-    dc, dp, _ = activation_backward_op(grad, c, probs, ctx.activation, ctx.tanh_clamp_scale, False)
-    return dc, (dp.to(probs.dtype) if probs is not None else None), None, None
+    dc, dp, _ = activation_backward_op(grad, c, probs, ctx.activation, ctx.tanh_clamp_scale, False, ctx.target)
+    return dc, (dp.to(probs.dtype) if probs is not None else None), None, None, None
 
 
 activation_op.register_autograd(_activation_backward, setup_context=_activation_setup_context)

@@ -17,14 +17,24 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture
-def use_lowering(monkeypatch):
-    """``use_lowering(lw)``: the fused ops, and the eager GEMM ops their backward calls for
-    fc1 (compiler/fused.py ``grouped_mlp_bwd``), run on the lowering `lw`."""
-    from nvfp4_inductor import ops
-    from nvfp4_inductor.compiler import fused
+def use_steps():
+    """``use_steps(steps, like="reference")``: register, for this test only and as the most
+    preferred target, a target that runs the step table `steps` on every device with the
+    capabilities the built-in target `like` has on the CPU (so ``like="triton"`` plans its
+    fused kernels: the Triton interpreter runs them on CPU tensors). Eager ops, plans and
+    fused ops then all run `steps`, chosen through the registry."""
+    from nvfp4_inductor import lowerings
 
-    def use(lowering):
-        for module in (fused, ops):
-            monkeypatch.setattr(module, "lowering_for_device", lambda device: lowering)
+    added = []
 
-    return use
+    def use(steps, like="reference"):
+        caps = lowerings.get_target(like).probe(torch.device("cpu"))
+        assert not isinstance(caps, str), caps
+        target = lowerings.Target(f"{like}_under_test", lambda: steps, lambda device: caps)
+        lowerings.register_target(target)
+        added.append(target.name)
+        return target
+
+    yield use
+    for name in added:
+        lowerings.unregister_target(name)

@@ -152,19 +152,19 @@ def test_no_recompute_saves_fc2_input_columnwise_copy():
     assert any(v.dtype == torch.uint8 and v.dim() == 2 and v.shape[0] == f for v in _saved(forward))
 
 
-def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_lowering):
+def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_steps):
     """Inside the fused backward: no amax pass, D quantized column-wise with the saved amax."""
-    from nvfp4_inductor.lowerings import reference
+    import dataclasses
+
+    from nvfp4_inductor.lowerings.reference import STEPS
 
     calls = []
-    real_amax, real_quantize = reference.REFERENCE.group_hadamard_amax, reference.REFERENCE.group_quantize
-    spy = reference.REFERENCE.__class__(**{
-        **reference.REFERENCE.__dict__,
-        "group_hadamard_amax": lambda *a, **k: calls.append("amax") or real_amax(*a, **k),
-        "group_quantize": lambda *a, **k: calls.append(("quantize", k.get("columnwise_amax") is not None,
-                                                        k.get("rowwise"))) or real_quantize(*a, **k),
-    })
-    use_lowering(spy)
+    use_steps(dataclasses.replace(
+        STEPS,
+        group_hadamard_amax=lambda *a, **k: calls.append("amax") or STEPS.group_hadamard_amax(*a, **k),
+        group_quantize=lambda *a, **k: calls.append(("quantize", k.get("columnwise_amax") is not None,
+                                                     k.get("rowwise"))) or STEPS.group_quantize(*a, **k),
+    ))
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()
     y = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x, *args[1:])
@@ -176,14 +176,14 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_lowering):
     assert ("quantize", True, False) in calls  # column-wise only, with the saved amax
 
 
-def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_lowering):
+def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_steps):
     """In Inductor's generated backward, C (saved by the forward op, read by fc2's backward
     op only) is freed before fc1's wgrad runs: what splitting the backward into three ops
     is for (compiler/fused.py grouped_mlp_bwd; benchmarks/memory_model.py)."""
     import dataclasses
     import weakref
 
-    from nvfp4_inductor.lowerings.reference import REFERENCE
+    from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE
 
     c_ref, c_alive_at_wgrad = [], []
 
@@ -197,7 +197,7 @@ def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_lower
         c_alive_at_wgrad.append(c_ref[0]() is not None)
         return REFERENCE.grouped_gemm_wgrad(*args)
 
-    use_lowering(dataclasses.replace(REFERENCE, grouped_gemm=gemm, grouped_gemm_wgrad=wgrad))
+    use_steps(dataclasses.replace(REFERENCE, grouped_gemm=gemm, grouped_gemm_wgrad=wgrad))
     torch._dynamo.reset()
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()

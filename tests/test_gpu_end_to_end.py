@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
-from nvfp4_inductor.lowerings import lowering_for_device
+from nvfp4_inductor.lowerings import SiteSpec, choose_plan
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,11 +30,19 @@ def _model(activation, seed=0):
     return mlp, (x, sizes, probs)
 
 
-def test_cuda_runs_the_expected_lowering():
-    print("CUDA lowering:", lowering_for_device(torch.device("cuda")).name)
-
-
 ACTIVATIONS = ["srelu", "tanh_srelu", "swiglu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_cuda_sites_plan_the_triton_target_with_its_fused_kernels(activation):
+    """On SM80+ with Triton, every site runs the Triton target with both fused kernels and
+    the fused amax (its epilogue takes the sign mask), and explain reports that plan."""
+    plan = choose_plan(SiteSpec.on("cuda", activation, hidden=HIDDEN, ffn=FFN), nv.Recipe())
+    assert (plan.target, plan.fused_fc1, plan.fused_amax, plan.fused_dgrad) == ("triton", True, True, True), plan
+    mlp, args = _model(activation)
+    [site] = nv.explain(mlp, *args).sites
+    assert site.target == "triton" and site.reason == plan.reason
+    assert "amax pass over D (pre + post RHT)" not in dict(site.forward_steps)
 ROUNDING = pytest.mark.parametrize("stochastic_rounding", [True, False], ids=["sr", "rne"])
 
 

@@ -259,18 +259,30 @@ def test_zero_tokens_and_errors():
         grouped_gemm_dact(*dargs, cc[:, :16], None, "srelu")
 
 
-def test_fused_ops_use_the_epilogues_bitwise(use_lowering):
-    """compiler/fused.py on the Triton lowering: with its fused steps == without them
-    (fields set to None), byte for byte, and no amax pass over D runs."""
+def _run_fused_ops(target, plan_flags, x, w1, w2, sizes, probs, dy, activation):
+    """compiler/fused.py's forward op, then its backward, on `target` with the plan's
+    (fused_fc1, fused_amax, fused_dgrad) flags; recompute on, SR off, default sign mask."""
+    from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.saved import SavedForBackward
+
+    fused_fc1, fused_amax, fused_dgrad = plan_flags
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, activation, None, True, 0xD7E8, True, False, True,
+                                target, fused_fc1, fused_amax, fused_dgrad)
+    options = fused.BackwardOptions(activation, None, True, 0xD7E8, False, True, target, fused_dgrad)
+    bwd = fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
+    return fwd, bwd
+
+
+def test_fused_ops_use_the_epilogues_bitwise(use_steps):
+    """compiler/fused.py on the Triton steps: the plan with the fused kernels == the plan
+    without them, byte for byte, and no amax pass over D runs in the fused plan."""
     import dataclasses
 
-    from nvfp4_inductor.compiler import fused
-    from nvfp4_inductor.lowerings.triton import TRITON
+    from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
     calls = []
     spy = lambda *a: calls.append("amax") or TRITON.group_hadamard_amax(*a)  # noqa: E731
-    spied = dataclasses.replace(TRITON, group_hadamard_amax=spy)
-    unfused = dataclasses.replace(TRITON, fc1_act_amax=None, fc2_dgrad_act=None)
+    target = use_steps(dataclasses.replace(TRITON, group_hadamard_amax=spy), like="triton").name
     gen = torch.Generator().manual_seed(1)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
@@ -278,27 +290,22 @@ def test_fused_ops_use_the_epilogues_bitwise(use_lowering):
     w2 = (torch.randn(4, h, f, generator=gen) * 0.2).to(torch.bfloat16)
     probs, dy = torch.rand(t, generator=gen), torch.randn(t, h, generator=gen).to(torch.bfloat16)
     x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
-    outs = []
-    for lowering in (spied, unfused):
-        use_lowering(lowering)
-        fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "swiglu", None, True, 0xD7E8, True, False, True)
-        bwd = fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "swiglu", None, True, 0xD7E8, False, True)
-        outs.append(fwd + bwd)
-        if lowering is spied:
-            assert calls == [], f"the fused lowering ran an amax pass over D: {calls}"
-    for i, (a, b) in enumerate(zip(*outs)):
+    fwd, bwd = _run_fused_ops(target, (True, True, True), x, w1, w2, sizes, probs, dy, "swiglu")
+    assert calls == [], f"the fused plan ran an amax pass over D: {calls}"
+    unfused = _run_fused_ops(target, (False, False, False), x, w1, w2, sizes, probs, dy, "swiglu")
+    assert calls == ["amax"], f"the unfused plan must run one amax pass over D: {calls}"
+    for i, (a, b) in enumerate(zip(fwd + bwd, unfused[0] + unfused[1])):
         assert_bytes_equal(a, b, f"fused ops output {i}: epilogues vs unfused steps")
 
 
-def test_fused_backward_frees_before_the_largest_gemm(use_lowering):
+def test_fused_backward_frees_before_the_largest_gemm(use_steps):
     """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): the bf16
     dC and the regenerated D are gone when the wgrads run (dC is quantized before fc2's
     wgrad), and dX is computed last."""
     import dataclasses
     import weakref
 
-    from nvfp4_inductor.compiler import fused
-    from nvfp4_inductor.lowerings.triton import TRITON
+    from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
     refs, events = {}, []
 
@@ -315,8 +322,8 @@ def test_fused_backward_frees_before_the_largest_gemm(use_lowering):
         events.append(("gemm", None))
         return TRITON.grouped_gemm(*args)
 
-    lowering = dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad, grouped_gemm=gemm)
-    use_lowering(lowering)
+    target = use_steps(dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad,
+                                           grouped_gemm=gemm), like="triton").name
     gen = torch.Generator().manual_seed(2)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
@@ -324,9 +331,14 @@ def test_fused_backward_frees_before_the_largest_gemm(use_lowering):
     w2 = (torch.randn(4, h, f, generator=gen) * 0.2).to(torch.bfloat16)
     probs, dy = torch.rand(t, generator=gen), torch.randn(t, h, generator=gen).to(torch.bfloat16)
     x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "srelu", None, True, 0xD7E8, True, False, True)
+    from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.saved import SavedForBackward
+
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "srelu", None, True, 0xD7E8, True, False, True,
+                                target, True, True, True)
     events.clear()
-    fused.grouped_mlp_bwd(dy, fwd[1], probs, sizes, *fwd[2:], "srelu", None, True, 0xD7E8, False, True)
+    options = fused.BackwardOptions("srelu", None, True, 0xD7E8, False, True, target, True)
+    fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
     assert events == [("wgrad", {"dC": False, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
 
 

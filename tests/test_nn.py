@@ -47,7 +47,15 @@ from _assertions import assert_bytes_equal
 import nvfp4_inductor as nv
 from nvfp4_inductor import numerics
 from nvfp4_inductor.activations import activation_forward
-from nvfp4_inductor.compiler.fused import fused_grouped_mlp
+from nvfp4_inductor.compiler import fused
+from nvfp4_inductor.lowerings import SiteSpec, choose_plan
+
+
+def fused_grouped_mlp(x, w1, w2, gs, probs, *, activation, tanh_clamp_scale, recipe, recompute):
+    """The fused ops with the plan the backend would choose for this site."""
+    plan = choose_plan(SiteSpec.on(x.device, activation, hidden=x.shape[1], ffn=w2.shape[2]), recipe)
+    return fused.fused_grouped_mlp(x, w1, w2, gs, probs, activation=activation, tanh_clamp_scale=tanh_clamp_scale,
+                                   recipe=recipe, recompute=recompute, plan=plan)
 
 G, H, F = 4, 32, 48
 SIZES = (20, 0, 37, 23)

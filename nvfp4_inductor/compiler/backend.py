@@ -2,8 +2,8 @@
 
     Dynamo graph
       -> find_sites            every grouped-MLP spelling, plus rejections with reasons
-      -> choose_plan           target + fused-amax decision per site (lowerings/policy.py)
-      -> rewrite_sites         each site becomes one ``fused_grouped_mlp`` call
+      -> choose_plan           target + fused-kernel decisions per site (lowerings/policy.py)
+      -> rewrite_sites         each site becomes one ``fused_grouped_mlp`` call running its plan
       -> compile_fx            Inductor compiles the whole graph; AOTAutograd saves what
                                the fused op's autograd formula saves
 
@@ -21,10 +21,11 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from ..lowerings import SiteSpec, choose_plan
-from ..lowerings.policy import Plan, available_targets
+from ..lowerings import Plan, SiteSpec, choose_plan
 from ..recipe import Recipe
 from .fused import fused_grouped_mlp
+from .legality import weight_shape
+from .nodes import val
 from .options import BackendOptions
 from .rewrite import find_sites, rewrite_sites
 from .site import Rejection, Site
@@ -62,14 +63,15 @@ def _package_hash() -> bytes:
     return get_hash_for_files(tuple(sorted(str(p) for p in root.rglob("*.py"))))
 
 
-def _site_call(options: BackendOptions):
-    """The callable a rewritten site calls, with this backend's options bound. A fresh
-    function per site, so the site's call node can be found after the rewrite."""
+def _site_call(options: BackendOptions, plan: Plan):
+    """The callable a rewritten site calls, with this backend's options and the site's
+    plan bound. A fresh function per site, so the site's call node can be found after the
+    rewrite."""
 
     def nvfp4_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
         return fused_grouped_mlp(
             x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
-            tanh_clamp_scale=tanh_clamp_scale, recipe=options.recipe, recompute=options.recompute,
+            tanh_clamp_scale=tanh_clamp_scale, recipe=options.recipe, recompute=options.recompute, plan=plan,
         )
 
     return nvfp4_grouped_mlp
@@ -95,14 +97,14 @@ def example_device(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    spec = SiteSpec(activation=site.activation, device_type=device.type, capability=capability)
-    return choose_plan(spec, recipe, available=available_targets(device))
+    """The site's plan (lowerings/policy.py), chosen once; the fused ops run it."""
+    x, fc2 = val(site.x), weight_shape(site.fc2_weight)
+    return choose_plan(SiteSpec.on(device, site.activation, dtype=x.dtype, hidden=fc2[1], ffn=fc2[2]), recipe)
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
-    """Find and rewrite every site in place; returns what was done. `site_call(options)`
-    makes each site's callable (default: the fused NVFP4 ops). Counts graphs, sites and
+    """Find and rewrite every site in place; returns what was done. `site_call(options, plan)`
+    makes each site's callable (default: the fused NVFP4 ops running the plan). Counts graphs, sites and
     rejections in ``torch._dynamo.utils.counters["nvfp4"]`` (and per spelling)."""
     sites, rejections = find_sites(gm)
     device = example_device(gm)
@@ -115,9 +117,10 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     for site in sites:
         counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
         site_options = _site_options(site, options)
-        call = (site_call or _site_call)(site_options)
+        plan = plan_for(site, device, site_options.recipe)
+        call = (site_call or _site_call)(site_options, plan)
         rewrite_sites(gm, [site], make_call=call)
-        record.sites.append((site, plan_for(site, device, site_options.recipe)))
+        record.sites.append((site, plan))
         record.call_nodes.append(next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is call))
     return record
 

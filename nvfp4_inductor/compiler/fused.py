@@ -4,7 +4,7 @@ Contract (STYLE 17): ``nvfp4::grouped_mlp_fwd`` + ``grouped_mlp_bwd`` (three ops
 pair, equivalent bit for bit to the eager chain of ``nn.py``; ``nvfp4::grouped_mlp_infer``
 is interchangeable with the pair's forward output. They call the same lowering steps as
 the eager ops, so equality is by construction. What the forward returns beyond Y is
-exactly what AOTAutograd saves for the backward:
+exactly what AOTAutograd saves for the backward (``saved.SavedForBackward``):
 
     saved, recompute=True (default; SPEC 6)     saved, recompute=False
     C (T, F1) bf16                              C
@@ -13,14 +13,15 @@ exactly what AOTAutograd saves for the backward:
     D's column-wise amax (G,) fp32              D's column-wise copy (K, P/2) + scales + amax
     probs, group_sizes                          probs, group_sizes
 
-With recompute the forward quantizes D row-wise only, with the pre-RHT amax from one
-group Hadamard-amax pass that also yields the post-RHT amax (or, on targets whose fc1
-epilogue emits them -- the lowering's ``fc1_act_amax``, present exactly when the target's
-capabilities say ``fused_act_amax``, so the policy's plan and this op agree -- from that
+The ops run the site's plan (``lowerings.Plan``, chosen once per site by the backend and
+passed as op arguments, so they run exactly what ``explain`` prints): its target's steps,
+and its fused kernels where the plan says so. With recompute the forward quantizes D
+row-wise only, with the pre-RHT amax from one group Hadamard-amax pass that also yields
+the post-RHT amax (or, where the plan says ``fused_amax``, from the fused fc1 kernel's
 epilogue, with no pass over D at all); the backward regenerates D bit-exactly in the
-activation-gradient step (fused into the fc2 dgrad GEMM where the lowering has
-``fc2_dgrad_act``) and casts it column-wise with the saved post-RHT amax, so no
-amax pass over D runs in the backward. Fused and unfused steps give the same bits.
+activation-gradient step (fused into the fc2 dgrad GEMM where the plan says
+``fused_dgrad``) and casts it column-wise with the saved post-RHT amax, so no amax pass
+over D runs in the backward. Fused and unfused steps give the same bits.
 The backward runs its own ops (``grouped_mlp_bwd``: ``nvfp4::grouped_mlp_bwd_fc2`` up to
 dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops), never the forward op
 again: that would be merged with it by the partitioner's CSE and the activation saved
@@ -31,56 +32,63 @@ reader (benchmarks/memory_model.py).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..lowerings import lowering_for_device
+from ..constants import BLOCK
+from ..lowerings import Plan, steps_for
+from ..numerics import columnwise_capacity
 from ..recipe import Recipe
+from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 
 LIB = "nvfp4"
 
 
-def _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask):
-    """(C, D, (pre-RHT, post-RHT) amax of D or None): one fused kernel where the target has
-    it (the amaxes then come from its epilogue), else the GEMM and the activation."""
+def _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask):
+    """(C, D, (pre-RHT, post-RHT) amax of D or None): the target's fused kernel where the
+    plan says so (the amaxes then come from its epilogue when ``fused_amax``), else the
+    GEMM and the activation."""
     args = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, w1q.rowwise_data, w1q.rowwise_scale, w1q.amax,
             group_sizes)
-    if lw.fc1_act_amax is not None:
-        c, d, pre_rht, post_rht = lw.fc1_act_amax(*args, probs, activation, tanh_clamp_scale, sign_mask)
-        return c, d, (pre_rht, post_rht)
-    c = lw.grouped_gemm(*args)
-    return c, lw.activation_forward(c, probs, activation, tanh_clamp_scale), None
+    if fused_fc1:
+        c, d, pre_rht, post_rht = steps.fc1_act_amax(*args, probs, activation, tanh_clamp_scale, sign_mask,
+                                                     want_amax=fused_amax)
+        return c, d, (pre_rht, post_rht) if fused_amax else None
+    c = steps.grouped_gemm(*args)
+    return c, steps.activation_forward(c, probs, activation, tanh_clamp_scale), None
 
 
-def _fc2(lw, dq, w2q, group_sizes):
-    return lw.grouped_gemm(dq.rowwise_data, dq.rowwise_scale, dq.rowwise_amax,
-                           w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
+def _fc2(steps, dq, w2q, group_sizes):
+    return steps.grouped_gemm(dq.rowwise_data, dq.rowwise_scale, dq.rowwise_amax,
+                              w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mlp_infer", mutates_args=())
 def grouped_mlp_infer(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
+    target: str, fused_fc1: bool, fused_amax: bool,
 ) -> Tensor:
     """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
     check_group_sizes_values(group_sizes, x.shape[0])
-    lw = lowering_for_device(x.device)
-    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask)
-    _, d, amax = _fc1(lw, xq, lw.quantize_weights(fc1_weight, block_2d=block_2d), group_sizes, probs, activation,
-                      tanh_clamp_scale, sign_mask)
+    steps = steps_for(target, x.device)
+    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask)
+    _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, steps.quantize_weights(fc1_weight, block_2d=block_2d),
+                      group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
     del xq
-    dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
-                           rowwise_amax=amax[0] if amax is not None else None)
+    dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
+                              rowwise_amax=amax[0] if amax is not None else None)
     del d
-    return _fc2(lw, dq, lw.quantize_weights(fc2_weight, block_2d=block_2d), group_sizes)
+    return _fc2(steps, dq, steps.quantize_weights(fc2_weight, block_2d=block_2d), group_sizes)
 
 
 @grouped_mlp_infer.register_fake
-def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d):
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
+      target, fused_fc1, fused_amax):
     return x.new_empty(x.shape[0], fc2_weight.shape[1])
 
 
@@ -88,42 +96,45 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scal
 def grouped_mlp_fwd(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
-    stochastic_rounding: bool, recompute: bool,
+    stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
 ) -> list[Tensor]:
-    """[Y, C, x col (data, scale, amax), padded offsets, W1 col (data, scale), W1 amax,
-    W2 col (data, scale), W2 amax, D col amax, D col data, D col scale] — the last two
-    empty with recompute (D is rebuilt in the backward).
+    """[Y, *SavedForBackward] — D's column-wise data and scales empty with recompute (D is
+    rebuilt in the backward).
 
     Memory: W2 is quantized just before fc2 and the row-wise copies of x and W1 are
     dropped after fc1, their last consumer (no quantization of the forward draws random
     bits, so the order changes no result)."""
     check_group_sizes_values(group_sizes, x.shape[0])
-    lw = lowering_for_device(x.device)
-    xq = lw.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
-    w1q = lw.quantize_weights(fc1_weight, block_2d=block_2d)
-    c, d, amax = _fc1(lw, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
-    saved_x = [xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets,
-               w1q.columnwise_data, w1q.columnwise_scale, w1q.amax]
+    steps = steps_for(target, x.device)
+    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
+    w1q = steps.quantize_weights(fc1_weight, block_2d=block_2d)
+    c, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
+                      sign_mask)
+    kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
+                offsets=xq.columnwise_offsets, w1_col_data=w1q.columnwise_data, w1_col_scale=w1q.columnwise_scale,
+                w1_amax=w1q.amax)
     del xq, w1q
     if recompute:
-        pre_rht, post_rht = amax if amax is not None else lw.group_hadamard_amax(d, group_sizes, sign_mask)
-        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
-        d_col = (post_rht if rht else pre_rht, d.new_empty(0, dtype=torch.uint8), d.new_empty(0, dtype=torch.float8_e4m3fn))
+        pre_rht, post_rht = amax if amax is not None else steps.group_hadamard_amax(d, group_sizes, sign_mask)
+        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
+        kept.update(d_col_amax=post_rht if rht else pre_rht, d_col_data=d.new_empty(0, dtype=torch.uint8),
+                    d_col_scale=d.new_empty(0, dtype=torch.float8_e4m3fn))
     else:  # the epilogue's amaxes are the ones group_quantize would compute (without RHT: pre)
         given = {} if amax is None else {"rowwise_amax": amax[0], "columnwise_amax": amax[1] if rht else amax[0]}
-        dq = lw.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **given)
-        d_col = (dq.columnwise_amax, dq.columnwise_data, dq.columnwise_scale)
+        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
+                                  **given)
+        kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
-    w2q = lw.quantize_weights(fc2_weight, block_2d=block_2d)
-    y = _fc2(lw, dq, w2q, group_sizes)
-    return [y, c, *saved_x, w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, *d_col]
+    w2q = steps.quantize_weights(fc2_weight, block_2d=block_2d)
+    y = _fc2(steps, dq, w2q, group_sizes)
+    saved = SavedForBackward(c=c, w2_col_data=w2q.columnwise_data, w2_col_scale=w2q.columnwise_scale,
+                             w2_amax=w2q.amax, **kept)
+    return [y, *saved.flatten()]
 
 
 @grouped_mlp_fwd.register_fake
 def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-      stochastic_rounding, recompute):
-    from ..numerics import columnwise_capacity
-
+      stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad):
     t, h = x.shape
     g, f1, _ = fc1_weight.shape
     f = fc2_weight.shape[2]
@@ -133,14 +144,17 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scal
     def new(*shape, dtype):
         return x.new_empty(*shape, dtype=dtype)
 
-    d_col = (new(0, dtype=torch.uint8), new(0, dtype=e4m3)) if recompute else (
-        new(f, p // 2, dtype=torch.uint8), new(f, p // 16, dtype=e4m3))
-    return [new(t, h, dtype=torch.bfloat16), new(t, f1, dtype=torch.bfloat16),
-            new(h, p // 2, dtype=torch.uint8), new(h, p // 16, dtype=e4m3), new(g, dtype=torch.float32),
-            new(g + 1, dtype=torch.int64),
-            new(g, h, f1 // 2, dtype=torch.uint8), new(g, h, f1 // 16, dtype=e4m3), new(g, dtype=torch.float32),
-            new(g, f, h // 2, dtype=torch.uint8), new(g, f, h // 16, dtype=e4m3), new(g, dtype=torch.float32),
-            new(g, dtype=torch.float32), *d_col]
+    d_col = dict(d_col_data=new(0, dtype=torch.uint8), d_col_scale=new(0, dtype=e4m3)) if recompute else dict(
+        d_col_data=new(f, p // 2, dtype=torch.uint8), d_col_scale=new(f, p // BLOCK, dtype=e4m3))
+    saved = SavedForBackward(
+        c=new(t, f1, dtype=torch.bfloat16),
+        x_col_data=new(h, p // 2, dtype=torch.uint8), x_col_scale=new(h, p // BLOCK, dtype=e4m3),
+        x_col_amax=new(g, dtype=torch.float32), offsets=new(g + 1, dtype=torch.int64),
+        w1_col_data=new(g, h, f1 // 2, dtype=torch.uint8), w1_col_scale=new(g, h, f1 // BLOCK, dtype=e4m3),
+        w1_amax=new(g, dtype=torch.float32),
+        w2_col_data=new(g, f, h // 2, dtype=torch.uint8), w2_col_scale=new(g, f, h // BLOCK, dtype=e4m3),
+        w2_amax=new(g, dtype=torch.float32), d_col_amax=new(g, dtype=torch.float32), **d_col)
+    return [new(t, h, dtype=torch.bfloat16), *saved.flatten()]
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mlp_bwd_fc2", mutates_args=())
@@ -149,7 +163,7 @@ def grouped_mlp_bwd_fc2(
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
     d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
-    recompute: bool,
+    recompute: bool, target: str, fused_dgrad: bool,
 ) -> list[Tensor]:
     """The backward up to dC's NVFP4 copies: [dW2, dprobs (empty without probs), dC row-wise
     (data, scale, amax), dC column-wise (data, scale, amax)]. SR seeds drawn dY first, then dC.
@@ -157,31 +171,31 @@ def grouped_mlp_bwd_fc2(
     Memory: dC is quantized before fc2's wgrad, so its bf16 copy is gone while the wgrad's
     transient bf16 operands live; each intermediate is dropped after its last consumer
     (``del``). GEMMs draw no random bits, so their order changes no result."""
-    lw = lowering_for_device(dy.device)
+    steps = steps_for(target, dy.device)
 
     def quantize_grad(t):
-        return lw.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                 stochastic_rounding=stochastic_rounding)
+        return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
+                                    stochastic_rounding=stochastic_rounding)
 
     dyq = quantize_grad(dy.contiguous())
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
-    if lw.fc2_dgrad_act is not None:  # G stays in the GEMM's epilogue
-        dc, dp, d = lw.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+    if fused_dgrad:  # G stays in the GEMM's epilogue
+        dc, dp, d = steps.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
     else:
-        g = lw.grouped_gemm(*dgrad)
-        dc, dp, d = lw.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+        g = steps.grouped_gemm(*dgrad)
+        dc, dp, d = steps.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
         del g
     del dgrad
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
-        dq = lw.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
-                               columnwise_amax=d_col_amax)
+        dq = steps.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
+                                  columnwise_amax=d_col_amax)
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
         del dq
     del d
     dcq = quantize_grad(dc)
     del dc
-    dw2 = lw.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
-                                d_col_data, d_col_scale, d_col_amax, offsets)
+    dw2 = steps.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
+                                   d_col_data, d_col_scale, d_col_amax, offsets)
     dprobs = dp.to(probs.dtype) if probs is not None else dy.new_empty(0, dtype=torch.float32)
     return [dw2, dprobs, dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
             dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax]
@@ -189,56 +203,65 @@ def grouped_mlp_bwd_fc2(
 
 @grouped_mlp_bwd_fc2.register_fake
 def _(dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale,
-      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute):
-    from ..numerics import columnwise_capacity
-
+      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute, target, fused_dgrad):
     t, f1 = c.shape
     g, f, h_half = w2_col_data.shape
     p = columnwise_capacity(t, g)
     e4m3 = torch.float8_e4m3fn
     dprobs = probs.new_empty(probs.shape) if probs is not None else dy.new_empty(0, dtype=torch.float32)
     return [dy.new_empty(g, 2 * h_half, f), dprobs,
-            c.new_empty(t, f1 // 2, dtype=torch.uint8), c.new_empty(t, f1 // 16, dtype=e4m3),
+            c.new_empty(t, f1 // 2, dtype=torch.uint8), c.new_empty(t, f1 // BLOCK, dtype=e4m3),
             c.new_empty(g, dtype=torch.float32),
-            c.new_empty(f1, p // 2, dtype=torch.uint8), c.new_empty(f1, p // 16, dtype=e4m3),
+            c.new_empty(f1, p // 2, dtype=torch.uint8), c.new_empty(f1, p // BLOCK, dtype=e4m3),
             c.new_empty(g, dtype=torch.float32)]
 
 
-def grouped_mlp_bwd(
-    dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor,
-    x_col_data: Tensor, x_col_scale: Tensor, x_col_amax: Tensor, offsets: Tensor,
-    w1_col_data: Tensor, w1_col_scale: Tensor, w1_amax: Tensor,
-    w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
-    d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
-    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
-    recompute: bool,
-) -> list[Tensor]:
+class BackwardOptions(NamedTuple):
+    """The forward op's non-tensor arguments its backward needs."""
+
+    activation: str
+    tanh_clamp_scale: Optional[float]
+    rht: bool
+    sign_mask: int
+    stochastic_rounding: bool
+    recompute: bool
+    target: str
+    fused_dgrad: bool
+
+
+def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor], group_sizes: Tensor,
+                    options: BackwardOptions) -> list[Tensor]:
     """[dX, dW1, dW2, dprobs (empty without probs)] from the forward op's saved tensors.
 
     Three ops, so that a compiled backward frees each saved tensor after the op that last
     reads it: C, W2's copies and D's are gone before fc1's GEMMs, and x's column-wise copy
     and dC's before fc1's dgrad (Inductor deletes buffers after their last use; one op
     would hold all its arguments until it returns). fc1's wgrad runs before its dgrad."""
+    o = options
     dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
-        dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data,
-        d_col_scale, activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute)
-    dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], x_col_data, x_col_scale, x_col_amax, offsets)
-    dx = ops.grouped_gemm_op(*dcq[:3], w1_col_data, w1_col_scale, w1_amax, group_sizes)
+        dy, saved.c, probs, group_sizes, saved.offsets, saved.w2_col_data, saved.w2_col_scale, saved.w2_amax,
+        saved.d_col_amax, saved.d_col_data, saved.d_col_scale, o.activation, o.tanh_clamp_scale, o.rht,
+        o.sign_mask, o.stochastic_rounding, o.recompute, o.target, o.fused_dgrad)
+    dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], saved.x_col_data, saved.x_col_scale, saved.x_col_amax, saved.offsets,
+                                    o.target)
+    dx = ops.grouped_gemm_op(*dcq[:3], saved.w1_col_data, saved.w1_col_scale, saved.w1_amax, group_sizes, o.target)
     return [dx, dw1, dw2, dprobs]
 
 
 def _setup_context(ctx, inputs, output):
     (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-     stochastic_rounding, recompute) = inputs
-    ctx.save_for_backward(output[1], probs, group_sizes, *output[2:])
-    ctx.options = (activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute)
+     stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad) = inputs
+    ctx.save_for_backward(probs, group_sizes, *output[1:])
+    ctx.options = BackwardOptions(activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute,
+                                  target, fused_dgrad)
     ctx.has_probs = probs is not None
 
 
 def _backward(ctx, grads):
-    c, probs, group_sizes, *saved = ctx.saved_tensors
-    dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], c, probs, group_sizes, *saved, *ctx.options)
-    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * 7
+    probs, group_sizes, *saved = ctx.saved_tensors
+    dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], SavedForBackward.unflatten(saved), probs, group_sizes,
+                                           ctx.options)
+    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * 11
 
 
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -255,9 +278,11 @@ def fused_grouped_mlp(
     tanh_clamp_scale: Optional[float],
     recipe: Recipe,
     recompute: bool,
+    plan: Plan,
 ) -> Tensor:
     """What a rewritten site calls (traced by AOTAutograd): the inference op when no
-    gradient is needed, else the forward op whose autograd formula runs the backward op."""
+    gradient is needed, else the forward op whose autograd formula runs the backward ops;
+    both run `plan`."""
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
@@ -265,34 +290,34 @@ def fused_grouped_mlp(
     common = (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale,
               recipe.rht, recipe.sign_mask, recipe.block_2d)
     if not needs_grad:
-        return grouped_mlp_infer(*common)
-    return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute)[0]
+        return grouped_mlp_infer(*common, plan.target, plan.fused_fc1, plan.fused_amax)
+    return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute, plan.target, plan.fused_fc1,
+                           plan.fused_amax, plan.fused_dgrad)[0]
 
 
-def describe_steps(lowering, *, recompute: bool, fused_amax: bool, rht: bool, stochastic_rounding: bool):
-    """The steps each fused op runs, in order, each with the function that runs it, for
-    ``explain`` (kept beside the ops they describe). Returns (forward, backward) lists."""
+def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):
+    """The steps the fused ops run for `plan`, in order, each with the function of the
+    plan's target that runs it, for ``explain`` (kept beside the ops they describe, and
+    branching on the same plan fields). Returns (forward, backward) lists."""
     col = "col RHT" if rht else "col"
     sr = ", SR" if stochastic_rounding else ""
-    fused_fc1 = fused_amax and lowering.fc1_act_amax is not None
     regen = ", D regenerated" if recompute else ""
-    if fused_fc1:
-        fc1 = [("fc1 GEMM + activation * p + D's pre/post-RHT amax, one kernel -> C (saved), D", "fc1_act_amax")]
-        d_amax = []
+    if plan.fused_fc1:
+        amax = " + D's pre/post-RHT amax" if plan.fused_amax else ""
+        fc1 = [(f"fc1 GEMM + activation * p{amax}, one kernel -> C (saved), D", "fc1_act_amax")]
     else:
         fc1 = [("fc1 GEMM -> C (saved)", "grouped_gemm"), ("activation(C) * p -> D", "activation_forward")]
-        d_amax = [("D's pre/post-RHT amax from the fc1 epilogue", None)] if fused_amax else [
-            ("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
+    d_amax = [] if plan.fused_amax else [("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
         (f"quantize x: row + {col}", "group_quantize"),
         ("quantize W1, W2: row + col", "quantize_weights"),
         *fc1,
         *(d_amax + [("quantize D: row only, given amax", "group_quantize")] if recompute
-          else [(f"quantize D: row + {col}" + (", given amaxes" if fused_fc1 else ""), "group_quantize")]),
+          else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else ""), "group_quantize")]),
         ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
     dact = [("fc2 dgrad + activation backward, one kernel -> dC, dp" + regen, "fc2_dgrad_act")] if (
-        lowering.fc2_dgrad_act is not None) else [
+        plan.fused_dgrad) else [
         ("fc2 dgrad -> G", "grouped_gemm"), ("activation backward -> dC, dp" + regen, "activation_backward")]
     backward = [
         (f"quantize dY: row + {col}{sr}", "group_quantize"),
@@ -304,24 +329,24 @@ def describe_steps(lowering, *, recompute: bool, fused_amax: bool, rht: bool, st
         ("fc1 dgrad -> dX (own op)", "grouped_gemm"),
     ]
 
-    def named(steps):
-        return [(text, lowering.runs(step) if step else "fused") for text, step in steps]
+    def named(listed):
+        return [(text, steps.runs(step)) for text, step in listed]
 
     return named(forward), named(backward)
 
 
 def saved_for_backward(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation: str,
                        recompute: bool) -> list[tuple[str, Tensor]]:
-    """(name, meta tensor) of everything the forward op saves, from its own fake impl
-    run on meta tensors of the given tensors' shapes and dtypes."""
-    names = ["C", "x col data", "x col scale", "x col amax", "padded offsets", "W1 col data", "W1 col scale",
-             "W1 amax", "W2 col data", "W2 col scale", "W2 amax", "D col amax", "D col data", "D col scale"]
+    """(label, meta tensor) of everything the forward op saves, from its own fake impl run
+    on meta tensors of the given tensors' shapes and dtypes (sizes may be symbolic)."""
     x, fc1_weight, fc2_weight, group_sizes, probs = (
         None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
         for t in (x, fc1_weight, fc2_weight, group_sizes, probs)
     )
+    plan = Plan("reference", False, False, False, "")
     outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, activation, None, True, 0, True, False,
-                           recompute)
-    saved = [(n, t) for n, t in zip(names, outs[1:]) if t.numel()]
+                           recompute, plan.target, plan.fused_fc1, plan.fused_amax, plan.fused_dgrad)
+    saved = SavedForBackward.unflatten(outs[1:])._asdict()
+    kept = [(LABELS[name], t) for name, t in saved.items() if not (recompute and name in REGENERATED)]
     extra = [("group_sizes", group_sizes)] + ([("probs", probs)] if probs is not None else [])
-    return saved + extra
+    return kept + extra

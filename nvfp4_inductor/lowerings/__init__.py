@@ -1,11 +1,19 @@
-"""Targets that run the grouped MLP's steps, and the policy that picks one per site.
+"""Targets that run the grouped MLP's steps: the registry and the policy that picks one.
 
-A lowering is a table of step functions with one signature per step (the reference's);
-the eager ops and the fused compiled op call the same table, so compiled == eager
-bitwise on every device by construction.
+A target (``Target``) is a name, where it runs, its capabilities on a device (its probe)
+and its step table (``Steps``, one function per step with the reference's signature).
+The eager ops and the fused compiled ops call the same table of the same target, so
+compiled == eager bitwise on every device by construction. ``choose_plan`` picks the
+target and its fused kernels per site; ``explain`` prints that plan, and the fused ops
+run it.
 """
 
-from .base import Lowering, lowering_for_device
-from .policy import Plan, SiteSpec, TargetCapabilities, choose_plan, TARGETS
+from .policy import Plan, SiteSpec, choose_plan, choose_target, steps_for
+from .registry import get_target, register_target, registered, targets, unregister_target
+from .steps import Steps
+from .target import Capabilities, Target
 
-__all__ = ["Lowering", "lowering_for_device", "Plan", "SiteSpec", "TargetCapabilities", "choose_plan", "TARGETS"]
+__all__ = [
+    "Capabilities", "Plan", "SiteSpec", "Steps", "Target", "choose_plan", "choose_target", "get_target",
+    "register_target", "registered", "steps_for", "targets", "unregister_target",
+]

@@ -1,120 +1,142 @@
-"""Which target runs a site, and how the fc2 input's amax is obtained (SPEC 6, rules 3-4).
+"""Which target runs a site, and which of its fused kernels run (rules 3-4 of
+docs/numerics.md section 6).
 
-Legality of a site (dtypes, shapes) is the compiler's business; this module only picks,
-among targets that can run the site, the one to use and whether its fused
-GEMM+activation kernel may emit D's amax. Capabilities are plain data, so the rules are
-unit-testable on CPU with described (not installed) targets.
+Legality of a site (dtypes, shapes) is the compiler's business; this module picks, among
+registered targets that can run the site, the first in preference order, and decides
+whether its fused kernels run and whether D's amaxes come from the fused fc1 epilogue.
+``choose_plan`` is a function of the site and the registry only (each target's probe
+says what it can do on the site's device), so the rules are unit-testable on CPU with
+described targets. The backend chooses once per site and hands the plan to the fused
+ops; the eager ops choose through ``choose_plan`` / ``choose_target`` too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
+from .. import activations
 from ..recipe import Recipe
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetCapabilities:
-    """What a target's kernels can do.
-
-    fused_act_amax: the fc1 GEMM epilogue can emit D's per-group pre- and post-RHT amax.
-    fused_amax_takes_sign_mask: that post-RHT amax uses the quantizer's sign mask
-        (cuDNN's SM100 Hadamard kernel uses the unsigned Hadamard: False).
-    fused_tanh_clamp: the fused kernel implements tanh-SReLU's clamp.
-    """
-
-    name: str
-    device_type: str
-    min_capability: Optional[tuple[int, int]] = None
-    fused_act_amax: bool = False
-    fused_amax_takes_sign_mask: bool = False
-    fused_tanh_clamp: bool = False
+from . import registry
+from .steps import Steps
+from .target import Capabilities, Target
 
 
 @dataclasses.dataclass(frozen=True)
 class SiteSpec:
-    """What the policy needs to know about a site."""
+    """What the policy needs to know about a site.
+
+    device: where it runs; capability: the CUDA compute capability (None elsewhere);
+    dtype: of x and the weights; hidden / ffn: H and F (None: not checked).
+    """
 
     activation: str
-    device_type: str
+    device: torch.device
     capability: Optional[tuple[int, int]] = None
+    dtype: torch.dtype = torch.bfloat16
+    hidden: Optional[int] = None
+    ffn: Optional[int] = None
+
+    @classmethod
+    def on(cls, device, activation: str, **facts) -> "SiteSpec":
+        """The spec of a site on a real device (its compute capability read from it)."""
+        device = torch.device(device)
+        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        return cls(activation, device, capability, **facts)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """What runs a site.
+
+    target: the target's name.
+    fused_fc1: its fused fc1 GEMM + activation kernel runs (else the GEMM, then the activation).
+    fused_amax: that kernel's epilogue gives D's pre/post-RHT amax (else one group
+        Hadamard-amax pass over D).
+    fused_dgrad: its fused fc2 dgrad + activation backward kernel runs.
+    reason: why, for a person.
+    """
+
     target: str
-    fused_amax: bool  # D's amax comes from the fc1 epilogue (else from one amax pass)
+    fused_fc1: bool
+    fused_amax: bool
+    fused_dgrad: bool
     reason: str
 
 
-REFERENCE_CAPS = TargetCapabilities(name="reference", device_type="cpu")
-# The Triton fc1 epilogue (kernels/grouped_gemm_act.py) emits D's pre- and post-RHT amax
-# with the recipe's sign mask, bit-identical to the amax pass; the TRITON lowering's
-# fc1_act_amax field is that kernel.
-TRITON_CAPS = TargetCapabilities(
-    name="triton",
-    device_type="cuda",
-    min_capability=(8, 0),
-    fused_act_amax=True,
-    fused_amax_takes_sign_mask=True,
-    fused_tanh_clamp=True,
-)
-CUDNN_CAPS = TargetCapabilities(
-    name="cudnn",
-    device_type="cuda",
-    min_capability=(10, 0),
-    fused_act_amax=True,
-    fused_amax_takes_sign_mask=False,
-    fused_tanh_clamp=True,
-)
-TARGETS = (CUDNN_CAPS, TRITON_CAPS, REFERENCE_CAPS)
-
-
-def fused_amax_allowed(caps: TargetCapabilities, site: SiteSpec, recipe: Recipe) -> tuple[bool, str]:
-    """Rules 3 and 4: may the fused kernel's amax feed the fc2 input's casts?"""
-    if not caps.fused_act_amax:
-        return False, f"{caps.name} has no fused GEMM+activation amax: one group Hadamard-amax pass over D"
-    if site.activation == "tanh_srelu" and not caps.fused_tanh_clamp:
-        return False, f"{caps.name}'s fused kernel lacks the tanh clamp: tanh-SReLU runs the amax pass"
+def fused_amax_allowed(name: str, caps: Capabilities, recipe: Recipe) -> tuple[bool, str]:
+    """Rule 4 (given a fused fc1 kernel): may its amax feed the fc2 input's casts?"""
+    if not caps.fused_amax:
+        return False, f"{name}'s fused fc1 kernel emits no amax: one group Hadamard-amax pass over D"
     if recipe.rht and recipe.sign_mask != 0 and not caps.fused_amax_takes_sign_mask:
         return False, (
-            f"{caps.name}'s fused post-RHT amax uses the unsigned Hadamard but the recipe's sign mask is "
+            f"{name}'s fused post-RHT amax uses the unsigned Hadamard but the recipe's sign mask is "
             f"{recipe.sign_mask:#06x}: amax pass (fused only with sign_mask=0)"
         )
-    return True, f"{caps.name} fuses D's amax into the fc1 epilogue"
+    return True, f"{name} fuses D's amax into the fc1 epilogue"
 
 
-def choose_plan(
-    site: SiteSpec,
-    recipe: Recipe,
-    targets: tuple[TargetCapabilities, ...] = TARGETS,
-    available: Optional[set[str]] = None,
-) -> Plan:
-    """The first target (in preference order) that runs on the site's device and is
-    available, with the fused-amax decision and a reason a person can read."""
+def site_mismatch(name: str, caps: Capabilities, site: SiteSpec) -> Optional[str]:
+    """Why a target with these capabilities cannot run the site, or None."""
+    if caps.activations is not None and site.activation not in caps.activations:
+        return f"{name} does not run {site.activation}"
+    if site.dtype not in caps.dtypes:
+        return f"{name} does not take {str(site.dtype).replace('torch.', '')}"
+    for dim, size in (("H", site.hidden), ("F", site.ffn)):
+        if size is not None and size % caps.alignment:
+            return f"{name} needs {dim} % {caps.alignment} == 0, got {dim} = {size}"
+    return None
+
+
+def plan_with(name: str, caps: Capabilities, site: SiteSpec, recipe: Recipe) -> tuple[Plan, str]:
+    """The plan for a site on a target that can run it (rules 3-4), and why."""
+    if site.activation not in caps.fused_activations:
+        why = (f"{name} has no fused kernel for {site.activation}: GEMMs and activation run apart, "
+               f"one group Hadamard-amax pass over D")
+        return Plan(name, False, False, False, ""), why
+    fused_amax, why = fused_amax_allowed(name, caps, recipe)
+    return Plan(name, True, fused_amax, True, ""), why
+
+
+def choose_plan(site: SiteSpec, recipe: Recipe, candidates: Optional[Sequence[Target]] = None) -> Plan:
+    """The first target (in preference order; default: the registry's) that runs on the
+    site's device and can run the site, with its fused-kernel decisions and a reason a
+    person can read. Raises when none can (the reference runs everywhere, so only a
+    registry without it can get there)."""
     skipped = []
-    for caps in targets:
-        if caps.device_type != site.device_type:
+    for target in registry.targets() if candidates is None else candidates:
+        caps = _capabilities(target, site.device.type, site.capability, site.device)
+        if isinstance(caps, str):
+            if target.device_types is None or site.device.type in target.device_types:
+                skipped.append(caps)
             continue
-        if caps.min_capability and (site.capability is None or site.capability < caps.min_capability):
-            skipped.append(f"{caps.name} needs compute capability >= {caps.min_capability}")
+        mismatch = site_mismatch(target.name, caps, site)
+        if mismatch:
+            skipped.append(mismatch)
             continue
-        if available is not None and caps.name not in available:
-            skipped.append(f"{caps.name} is not installed/wired")
-            continue
-        fused, why = fused_amax_allowed(caps, site, recipe)
-        reason = "; ".join(skipped + [f"{caps.name} on {site.device_type}", why])
-        return Plan(target=caps.name, fused_amax=fused, reason=reason)
-    # Every device can run the pure-PyTorch reference.
-    fused, why = fused_amax_allowed(REFERENCE_CAPS, site, recipe)
-    return Plan("reference", fused, "; ".join(skipped + [f"reference (pure PyTorch) on {site.device_type}", why]))
+        plan, why = plan_with(target.name, caps, site, recipe)
+        return dataclasses.replace(plan, reason="; ".join(skipped + [f"{target.name} on {site.device.type}", why]))
+    raise RuntimeError(f"no registered target runs a {site.activation} grouped MLP on {site.device}: "
+                       + "; ".join(skipped))
 
 
-def available_targets(device: torch.device) -> set[str]:
-    """Targets whose code is wired in for `device` today (cuDNN's is not yet)."""
-    from .base import triton_runs_on
+def choose_target(device) -> Target:
+    """The first registered target that runs on `device`: what an eager op runs when no
+    plan names its target."""
+    device = torch.device(device)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    for target in registry.targets():
+        if not isinstance(_capabilities(target, device.type, capability, device), str):
+            return target
+    raise RuntimeError(f"no registered target runs on {device}")
 
-    return {"reference"} | ({"triton"} if triton_runs_on(device) else set())
+
+def steps_for(target: Optional[str], device) -> Steps:
+    """The step table of the named target, or of ``choose_target(device)`` when None."""
+    return (registry.get_target(target) if target is not None else choose_target(device)).steps()
+
+
+def _capabilities(target: Target, device_type: str, capability, device) -> Union[Capabilities, str]:
+    return target.device_mismatch(device_type, capability) or target.probe(device)

@@ -1,4 +1,4 @@
-"""The reference target: pure PyTorch from ``numerics.py`` and ``activations.py``.
+"""The reference target's steps: pure PyTorch from ``numerics.py`` and ``activations.py``.
 
 It is the eager path on CPU and the definition every other target is tested against.
 GEMMs are fp32 matmuls of exact deq() values (``torch._grouped_mm``), alpha applied to
@@ -7,10 +7,9 @@ the fp32 result, then rounded to bf16.
 
 from .. import numerics
 from ..activations import activation_backward, activation_forward
-from .base import Lowering
+from .steps import Steps
 
-REFERENCE = Lowering(
-    name="reference",
+STEPS = Steps(
     quantize=numerics.quantize_torch,
     group_quantize=numerics.group_quantize_torch,
     group_hadamard_amax=numerics.group_hadamard_amax_torch,

@@ -1,4 +1,4 @@
-"""The Triton target (SM80+, tuned on SM90): the kernels of ``nvfp4_inductor.kernels``.
+"""The Triton target's steps (SM80+, tuned on SM90): the kernels of ``nvfp4_inductor.kernels``.
 
 Quantizers are bit-exact twins of the reference. GEMMs feed exact deq() values to 16-bit
 tensor cores with fp32 accumulation (their summation order is the kernel's, so GEMM
@@ -18,7 +18,7 @@ from ..kernels.activation import activation_forward as _act_fwd_kernel
 from ..kernels.grouped_gemm_act import grouped_gemm_act
 from ..kernels.grouped_gemm_dact import grouped_gemm_dact
 from ..kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16
-from .base import Lowering
+from .steps import Steps
 
 
 def activation_forward(c, probs, activation, tanh_clamp_scale=None):
@@ -32,8 +32,7 @@ def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regen
         return activations.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
     return _act_bwd_kernel(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
 
-TRITON = Lowering(
-    name="triton",
+STEPS = Steps(
     quantize=kernels.quantize,
     group_quantize=kernels.group_quantize,
     group_hadamard_amax=kernels.group_hadamard_amax,

@@ -16,7 +16,7 @@ import torch
 from .compiler import backend as backend_mod
 from .compiler.fused import describe_steps, saved_for_backward
 from .compiler.options import BackendOptions
-from .lowerings import lowering_for_device
+from .lowerings import get_target
 from .recipe import Recipe
 
 
@@ -95,7 +95,7 @@ def _concrete(shape) -> tuple:
     return tuple(int(s) if not isinstance(s, torch.SymInt) else s.node.hint or 0 for s in shape)
 
 
-def _site_report(site, plan, call_node, options: BackendOptions, device) -> SiteReport:
+def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
     from .compiler.nodes import val
 
     x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
@@ -104,7 +104,7 @@ def _site_report(site, plan, call_node, options: BackendOptions, device) -> Site
         for name, t in saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation,
                                           recompute=options.recompute)
     ]
-    fwd, bwd = describe_steps(lowering_for_device(device), recompute=options.recompute, fused_amax=plan.fused_amax,
+    fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=options.recompute,
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
                       _specialisation(site))
@@ -142,9 +142,8 @@ def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
         nonlocal graphs
         graphs += 1
         record = backend_mod.rewrite_graph(gm, options)
-        device = backend_mod.example_device(gm)
         for (site, plan), node in zip(record.sites, record.call_nodes):
-            reports.append(_site_report(site, plan, node, options, device))
+            reports.append(_site_report(site, plan, node, options))
         rejected.extend((r.location, r.spelling, r.reason) for r in record.rejections)
         return gm.forward
 
@@ -273,7 +272,7 @@ def eager_semantics_backend(options: BackendOptions, surroundings: str):
     eagerly (surroundings="eager") or through stock Inductor ("inductor")."""
     from .nn import grouped_mlp
 
-    def site_call(site_options: BackendOptions):
+    def site_call(site_options: BackendOptions, plan):  # the eager chain chooses the same target itself
         def nvfp4_eager_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
             return grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
                                tanh_clamp_scale=tanh_clamp_scale, recipe=site_options.recipe)

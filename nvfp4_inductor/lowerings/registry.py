@@ -1,0 +1,81 @@
+"""The registered targets, in order of preference, and the built-in ones.
+
+    register_target(target, before=None)   add one (first by default: most preferred)
+    unregister_target(name)                remove one
+    registered(target)                     context manager: registered inside the block
+    targets()                              all, most preferred first
+    get_target(name)                       one, by name (ValueError naming the known ones)
+
+Built in: ``triton`` (this package's Triton kernels, CUDA SM80+) before ``reference``
+(pure PyTorch, every device; the definition every other target is tested against).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Iterator, Optional, Union
+
+import torch
+
+from .. import activations
+from .target import Capabilities, Target
+
+
+def _load(module: str):
+    return lambda: importlib.import_module(module, __package__).STEPS
+
+
+def _reference_probe(device: torch.device) -> Capabilities:
+    return Capabilities(dtypes=frozenset({torch.bfloat16, torch.float16, torch.float32}))
+
+
+def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
+    from .. import kernels
+
+    if not kernels.available(device):
+        return f"triton: the kernels do not run on {device} (Triton missing, or no CUDA)"
+    # The fc1 epilogue (kernels/grouped_gemm_act.py) emits D's pre- and post-RHT amax with
+    # the recipe's sign mask, bit-identical to the amax pass.
+    return Capabilities(fused_activations=frozenset(activations.ACTIVATIONS), fused_amax=True,
+                        fused_amax_takes_sign_mask=True)
+
+
+TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0))
+REFERENCE = Target("reference", _load(".reference"), _reference_probe)
+
+_TARGETS: list[Target] = [TRITON, REFERENCE]
+
+
+def targets() -> tuple[Target, ...]:
+    return tuple(_TARGETS)
+
+
+def get_target(name: str) -> Target:
+    for target in _TARGETS:
+        if target.name == name:
+            return target
+    raise ValueError(f"target must be one of {[t.name for t in _TARGETS]}; got {name!r}")
+
+
+def register_target(target: Target, before: Optional[str] = None) -> None:
+    """Add `target` before the target named `before` (default: first, the most preferred)."""
+    if not isinstance(target, Target):
+        raise ValueError(f"register_target takes a lowerings.Target; got {type(target).__name__}")
+    if any(t.name == target.name for t in _TARGETS):
+        raise ValueError(f"a target named {target.name!r} is already registered")
+    index = 0 if before is None else _TARGETS.index(get_target(before))
+    _TARGETS.insert(index, target)
+
+
+def unregister_target(name: str) -> None:
+    _TARGETS.remove(get_target(name))
+
+
+@contextlib.contextmanager
+def registered(target: Target, before: Optional[str] = None) -> Iterator[Target]:
+    register_target(target, before)
+    try:
+        yield target
+    finally:
+        unregister_target(target.name)

@@ -1,0 +1,199 @@
+"""The target registry and the policy (docs/numerics.md section 6, rules 3-4): described
+targets for the rules, and a made-up target registered through the public registry that
+a compiled model runs, counted by the target itself and reported by ``explain``."""
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import lowerings
+from nvfp4_inductor.lowerings import Capabilities, SiteSpec, Target, choose_plan
+from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE_STEPS
+
+ALL = frozenset({"srelu", "tanh_srelu", "swiglu"})
+
+
+def described(name, caps, device_types=("cuda",), min_capability=None):
+    """A target known only by its description (its steps are never run)."""
+    return Target(name, steps=lambda: REFERENCE_STEPS, probe=lambda device: caps, device_types=device_types,
+                  min_capability=min_capability)
+
+
+# cuDNN frontend's SM100 kernels as documented: fused fc1 with the unsigned-Hadamard amax.
+UNSIGNED = described("unsigned", Capabilities(fused_activations=frozenset({"srelu", "swiglu"}), fused_amax=True),
+                     min_capability=(10, 0))
+SIGNED = described("signed", Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_takes_sign_mask=True))
+NO_CLAMP = described("noclamp", Capabilities(fused_activations=frozenset({"srelu", "swiglu"}), fused_amax=True,
+                                             fused_amax_takes_sign_mask=True))
+
+
+def site(activation="srelu", capability=(10, 0), **facts):
+    return SiteSpec(activation, torch.device("cuda"), capability, **facts)
+
+
+def plan(target, recipe=nv.Recipe(), **site_facts):
+    return choose_plan(site(**site_facts), recipe, candidates=[target, lowerings.get_target("reference")])
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_unsigned_hadamard_amax_is_used_only_with_mask_zero(activation):
+    p = plan(UNSIGNED, activation=activation)
+    assert (p.target, p.fused_fc1, p.fused_amax, p.fused_dgrad) == ("unsigned", True, False, True)
+    assert "0xd7e8" in p.reason and "unsigned" in p.reason
+    assert plan(UNSIGNED, nv.Recipe(sign_mask=0), activation=activation).fused_amax
+    assert plan(UNSIGNED, nv.Recipe(rht=False), activation=activation).fused_amax
+
+
+def test_signed_amax_fuses_with_any_mask():
+    assert plan(SIGNED, nv.Recipe(sign_mask=0x1234), activation="swiglu").fused_amax
+
+
+def test_tanh_srelu_fuses_only_where_the_fused_kernel_has_the_clamp():
+    assert plan(SIGNED, activation="tanh_srelu").fused_fc1
+    p = plan(NO_CLAMP, activation="tanh_srelu")
+    assert (p.target, p.fused_fc1, p.fused_amax, p.fused_dgrad) == ("noclamp", False, False, False)
+    assert "no fused kernel for tanh_srelu" in p.reason and "amax pass" in p.reason
+    assert plan(NO_CLAMP, activation="srelu").fused_amax
+
+
+def test_targets_are_skipped_with_their_reason():
+    not_installed = described("vendor", "vendor: the package is not installed")
+    p = choose_plan(site(capability=(9, 0)), nv.Recipe(), candidates=[UNSIGNED, not_installed, SIGNED])
+    assert p.target == "signed"
+    assert "unsigned needs compute capability >= 10.0, the device has 9.0" in p.reason
+    assert "not installed" in p.reason
+    srelu_only = described("srelu_only", Capabilities(activations=frozenset({"srelu"})))
+    wide = described("wide", Capabilities(alignment=64))
+    fp16 = described("fp16", Capabilities(dtypes=frozenset({torch.float16})))
+    reference = lowerings.get_target("reference")
+    p = choose_plan(site("swiglu", hidden=96, ffn=128), nv.Recipe(), candidates=[srelu_only, wide, fp16, reference])
+    assert p.target == "reference" and not (p.fused_fc1 or p.fused_amax or p.fused_dgrad)
+    for why in ("srelu_only does not run swiglu", "wide needs H % 64 == 0, got H = 96", "fp16 does not take bfloat16"):
+        assert why in p.reason
+
+
+def test_a_target_for_another_device_type_is_passed_over_silently():
+    p = choose_plan(SiteSpec("srelu", torch.device("cpu")), nv.Recipe(),
+                    candidates=[SIGNED, lowerings.get_target("reference")])
+    assert p.target == "reference" and "signed" not in p.reason
+
+
+def test_no_target_is_an_error_naming_the_site():
+    with pytest.raises(RuntimeError, match="no registered target runs a srelu grouped MLP on cuda"):
+        choose_plan(site(capability=(9, 0)), nv.Recipe(), candidates=[UNSIGNED])
+
+
+def test_cpu_sites_run_the_reference():
+    p = choose_plan(SiteSpec.on("cpu", "swiglu"), nv.Recipe())
+    assert p.target == "reference" and not (p.fused_fc1 or p.fused_amax or p.fused_dgrad)
+
+
+def test_registry_errors_and_order():
+    with pytest.raises(ValueError, match="target must be one of .*'triton'.*'reference'.*got 'nope'"):
+        lowerings.get_target("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        lowerings.register_target(lowerings.get_target("reference"))
+    with pytest.raises(ValueError, match="takes a lowerings.Target"):
+        lowerings.register_target("triton")
+    with lowerings.registered(SIGNED, before="reference"):
+        names = [t.name for t in lowerings.targets()]
+        assert names.index("triton") < names.index("signed") < names.index("reference")
+    assert "signed" not in [t.name for t in lowerings.targets()]
+
+
+# ---------------------------------------------------------------------------------------
+# A made-up CPU target, registered through the public registry, run by compiled models
+
+
+def counting_target(name, counts, caps):
+    """A CPU target whose steps are the reference's, counted per step, with a fused fc1
+    kernel (the reference GEMM, activation and, when asked, the amax pass, in one call) and a
+    fused fc2-dgrad kernel built the same way."""
+    ref = REFERENCE_STEPS
+
+    def counted(step, fn):
+        def run(*args, **kwargs):
+            counts[step] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    def fc1_act_amax(*args, want_amax=True):
+        gemm_args, (probs, activation, clamp, sign_mask) = args[:7], args[7:]
+        counts["fc1_act_amax with amax" if want_amax else "fc1_act_amax without amax"] += 1
+        c = ref.grouped_gemm(*gemm_args)
+        d = ref.activation_forward(c, probs, activation, clamp)
+        pre, post = ref.group_hadamard_amax(d, gemm_args[6], sign_mask) if want_amax else (None, None)
+        return c, d, pre, post
+
+    def fc2_dgrad_act(*args, regenerate=False):
+        gemm_args, (c, probs, activation, clamp) = args[:7], args[7:]
+        counts["fc2_dgrad_act"] += 1
+        return ref.activation_backward(ref.grouped_gemm(*gemm_args), c, probs, activation, clamp,
+                                       regenerate=regenerate)
+
+    steps = dataclasses.replace(
+        ref, **{f.name: counted(f.name, getattr(ref, f.name)) for f in dataclasses.fields(ref)
+                if getattr(ref, f.name) is not None},
+        fc1_act_amax=fc1_act_amax, fc2_dgrad_act=fc2_dgrad_act)
+    return Target(name, steps=lambda: steps, probe=lambda device: caps, device_types=("cpu",))
+
+
+# Fused kernels for every activation; its fused post-RHT amax ignores the sign mask.
+MASKLESS = Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_takes_sign_mask=False)
+
+
+def _model(activation="swiglu", recipe=None):
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(4, 32, 48, activation, recipe=recipe)
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    return mlp, (x, torch.tensor([10, 0, 31, 23]), torch.rand(64, requires_grad=True))
+
+
+@pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["te_mask", "mask0"])
+def test_made_up_target_is_planned_run_and_explained(sign_mask):
+    recipe = nv.Recipe(sign_mask=sign_mask)
+    counts = collections.Counter()
+    with lowerings.registered(counting_target("counting", counts, MASKLESS)):
+        mlp, args = _model(recipe=recipe)
+        report = nv.explain(mlp, *args, recipe=recipe)
+        [s] = report.sites
+        assert s.target == "counting" and "counting" in str(report)
+        fused_amax = sign_mask == 0
+        if fused_amax:
+            assert "counting fuses D's amax into the fc1 epilogue" in s.reason
+        else:
+            assert "unsigned Hadamard" in s.reason and "amax pass" in s.reason
+        forward = dict(s.forward_steps)
+        assert ("amax pass over D (pre + post RHT)" in forward) is not fused_amax
+        assert all(runs.startswith("test_targets.") for _, runs in s.forward_steps + s.backward_steps)
+
+        compare = nv.compare(mlp, *args, recipe=recipe, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+
+        counts.clear()
+        compiled = torch.compile(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager"))
+        compiled(*args).sum().backward()
+    assert counts["fc1_act_amax with amax" if fused_amax else "fc1_act_amax without amax"] == 1
+    assert counts["fc1_act_amax with amax" if not fused_amax else "fc1_act_amax without amax"] == 0
+    assert counts["group_hadamard_amax"] == (0 if fused_amax else 1)
+    assert counts["fc2_dgrad_act"] == 1
+    assert counts["activation_forward"] == counts["activation_backward"] == 0
+    assert counts["grouped_gemm"] == 2 and counts["grouped_gemm_wgrad"] == 2  # fc2 fwd, fc1 dgrad; both wgrads
+    assert "counting" not in [t.name for t in lowerings.targets()]
+
+
+def test_made_up_target_refused_for_an_activation_it_does_not_run():
+    counts = collections.Counter()
+    srelu_only = dataclasses.replace(MASKLESS, activations=frozenset({"srelu"}))
+    with lowerings.registered(counting_target("counting", counts, srelu_only)):
+        mlp, args = _model("swiglu")
+        [s] = nv.explain(mlp, *args).sites
+        assert s.target == "reference" and "counting does not run swiglu" in s.reason
+        torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(*args).sum().backward()
+        assert sum(counts.values()) == 0
+        mlp, args = _model("srelu")
+        [s] = nv.explain(mlp, *args).sites
+        assert s.target == "counting"
