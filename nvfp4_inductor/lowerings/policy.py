@@ -17,7 +17,6 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .. import activations
 from ..recipe import Recipe
 from . import registry
 from .steps import Steps
