@@ -29,10 +29,10 @@ from grouped_mlp import SHAPES, routing  # noqa: E402
 
 from nvfp4_inductor.inspection import format_table  # noqa: E402
 from nvfp4_inductor.kernels.activation import _act_code, _clamp  # noqa: E402
+from nvfp4_inductor.kernels import config  # noqa: E402
+from nvfp4_inductor.kernels.config import Bf16GemmConfig  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_act import _grouped_gemm_act_op  # noqa: E402
-from nvfp4_inductor.kernels.grouped_gemm_bf16 import (  # noqa: E402
-    Bf16GemmConfig, _grouped_gemm_bf16_op, override_config,
-)
+from nvfp4_inductor.kernels.grouped_gemm_bf16 import _grouped_gemm_bf16_op  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_dact import _grouped_gemm_dact_op  # noqa: E402
 
 CONFIGS = {  # BM, BN, BK, warps, stages
@@ -72,7 +72,7 @@ def main() -> None:
             plain_dact = ms(lambda: _grouped_gemm_bf16_op(dy, amax, w2t, amax, sizes))
             for name, cfg in CONFIGS.items():
                 row = [shape, act, name]
-                with override_config(act=cfg, dact=cfg):
+                with config.override(act=cfg, dact=cfg):
                     for kind, fn, plain in (
                         ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp,
                                                              0xD7E8, True), plain_act),

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
+from .constants import RHT_DEFAULT_SIGN_MASK
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor
 from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args
 
@@ -22,7 +23,7 @@ def quantize(
     rowwise: bool = True,
     columnwise: bool = False,
     rht: bool = False,
-    sign_mask: int = 0xD7E8,
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
     block_2d: bool = False,
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
@@ -54,7 +55,7 @@ def group_quantize(
     rowwise: bool = True,
     columnwise: bool = False,
     rht: bool = False,
-    sign_mask: int = 0xD7E8,
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
     block_2d: bool = False,
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,

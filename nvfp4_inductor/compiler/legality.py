@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ..constants import BLOCK
 from .nodes import val
 from .site import Site, Weight
-
-BLOCK = 16  # NVFP4 block size: H and F must be multiples of it (SPEC section 1)
 
 
 def weight_shape(weight: Weight) -> tuple:

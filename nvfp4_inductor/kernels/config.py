@@ -1,11 +1,25 @@
-"""Tile choices of the quantize kernels: a heuristic returning frozen configs that tests
-and benchmarks can pin (STYLE rule 13). No choice here changes any result bit: every
-output element is computed by the same fp32 operations whatever the tiling, and the
-amax reduction is a max (order-free)."""
+"""Tile choices of every kernel: frozen configs, the heuristics that pick them, and one
+context manager that pins them for tests and benchmarks (STYLE rule 13).
+
+    with config.override(cast=CastConfig(...), fprop=Bf16GemmConfig(...)):
+        ...   # every launch inside takes the pinned configs; the others keep their heuristic
+
+Kinds: ``cast`` (group_cast.py), ``amax`` (group_amax.py), ``dequant`` (dequantize.py),
+``fprop`` / ``wgrad`` (the bf16-operand GEMMs of grouped_gemm_bf16.py), ``act`` / ``dact``
+(the fused epilogue GEMMs of grouped_gemm_act.py / grouped_gemm_dact.py).
+
+No choice here changes any result bit: every quantized element is computed by the same
+fp32 operations whatever the tiling, the amax reduction is a max (order-free), deq() is
+exact in bf16, and every GEMM kind runs ``grouped_gemm_bf16.bf16_tile_acc``'s natural K
+order whatever the tile (the interpreter sums each K step exactly; see ``_mma`` there).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+
+import torch
 
 from ._registry import INTERPRET
 
@@ -35,8 +49,51 @@ class AmaxConfig:
     num_warps: int
 
 
-_CAST_OVERRIDE: CastConfig | None = None
-_AMAX_OVERRIDE: AmaxConfig | None = None
+@dataclasses.dataclass(frozen=True)
+class DequantConfig:
+    block_r: int  # rows per program
+    block_c: int  # packed bytes per program row (2 * block_c elements), a multiple of 8
+    num_warps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Bf16GemmConfig:
+    block_m: int  # output rows (tokens; N of wgrad) per tile
+    block_n: int  # output columns per tile
+    block_k: int
+    num_warps: int
+    num_stages: int
+    num_programs: int = 0  # persistent programs; 0 = one per SM (1 under the interpreter)
+    tma: bool = False  # device-side TMA descriptors (CUDA only)
+
+
+_KINDS = {"cast": CastConfig, "amax": AmaxConfig, "dequant": DequantConfig,
+          "fprop": Bf16GemmConfig, "wgrad": Bf16GemmConfig, "act": Bf16GemmConfig, "dact": Bf16GemmConfig}
+_PINNED: dict[str, object] = {}  # kind -> config, set by ``override`` only
+
+
+@contextlib.contextmanager
+def override(**configs):
+    """Pin tile configs for a ``with`` block (tests, benchmarks), by kind:
+    ``override(cast=CastConfig(...), amax=AmaxConfig(...), dequant=DequantConfig(...),
+    fprop=..., wgrad=..., act=..., dact=Bf16GemmConfig(...))``. A kind passed as None, or
+    not passed, keeps what it had; blocks nest, and leaving one restores the pins before it."""
+    for kind, cfg in configs.items():
+        if kind not in _KINDS:
+            raise TypeError(f"config.override: unknown kind {kind!r}; kinds are {', '.join(_KINDS)}")
+        if cfg is not None and not isinstance(cfg, _KINDS[kind]):
+            raise TypeError(f"config.override: {kind} must be a {_KINDS[kind].__name__}, got {cfg!r}")
+    saved = dict(_PINNED)
+    _PINNED.update({kind: cfg for kind, cfg in configs.items() if cfg is not None})
+    try:
+        yield
+    finally:
+        _PINNED.clear()
+        _PINNED.update(saved)
+
+
+# ---------------------------------------------------------------------------------------
+# Heuristics
 
 
 def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastConfig:
@@ -50,8 +107,8 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastCon
     Register caps (run Q6, same shape): SR at 128 registers 1342 us vs 1467 uncapped (16
     warps per SM instead of 10 outweigh its spills); RNE loses with any cap (200: 933 vs
     863 us; 128: 1516). A row-wise-only cast holds one token at a time (64 registers)."""
-    if _CAST_OVERRIDE is not None:
-        return _CAST_OVERRIDE
+    if "cast" in _PINNED:
+        return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
     if sr:
@@ -60,8 +117,8 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastCon
 
 
 def amax_config(rows: int, cols: int) -> AmaxConfig:
-    if _AMAX_OVERRIDE is not None:
-        return _AMAX_OVERRIDE
+    if "amax" in _PINNED:
+        return _PINNED["amax"]
     if INTERPRET:
         return AmaxConfig(block_m=256, block_k=128, k_split=1, num_warps=4)
     # measured on the H200 (run 2, 65536 x 4096): (64, 128, split 1, 4 warps) 191 us beat
@@ -70,18 +127,27 @@ def amax_config(rows: int, cols: int) -> AmaxConfig:
     return AmaxConfig(block_m=64, block_k=128, k_split=1 if programs >= 1024 else 2, num_warps=4)
 
 
-class override:
-    """Context manager pinning the configs (benchmarks and tests): ``with override(cast=..)``."""
+def dequant_config() -> DequantConfig:
+    if "dequant" in _PINNED:
+        return _PINNED["dequant"]
+    if INTERPRET:  # numpy: few, large programs
+        return DequantConfig(64, 64, 4)
+    # 16 bytes in / 64 bytes out per thread: 32 x 128 bytes over 8 warps of 32 threads
+    return DequantConfig(32, 128, 8)
 
-    def __init__(self, cast: CastConfig | None = None, amax: AmaxConfig | None = None):
-        self.cast, self.amax = cast, amax
 
-    def __enter__(self):
-        global _CAST_OVERRIDE, _AMAX_OVERRIDE
-        self.saved = (_CAST_OVERRIDE, _AMAX_OVERRIDE)
-        _CAST_OVERRIDE, _AMAX_OVERRIDE = self.cast or _CAST_OVERRIDE, self.amax or _AMAX_OVERRIDE
-        return self
-
-    def __exit__(self, *exc):
-        global _CAST_OVERRIDE, _AMAX_OVERRIDE
-        _CAST_OVERRIDE, _AMAX_OVERRIDE = self.saved
+def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -> Bf16GemmConfig:
+    """Tile config of `kind`: "fprop" / "wgrad" (the plain GEMMs), "act" / "dact" (the fused
+    epilogue GEMMs of grouped_gemm_act.py / grouped_gemm_dact.py; `swiglu`: the activation
+    is SwiGLU)."""
+    if kind in _PINNED:
+        return _PINNED[kind]
+    if INTERPRET or device.type != "cuda":
+        return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
+    if kind == "dact" or (kind == "act" and swiglu):
+        # 128x256 spills in these epilogues (two accumulators for SwiGLU's act; C, dC and D
+        # tiles in dact). benchmarks/epilogue_tiles.py, run EP1 (S1, H200), 128x256 w8 s3 ->
+        # 128x128 w8 s4: dact srelu 0.68 -> 0.61 ms, swiglu act 1.54 -> 1.23, dact 1.67 -> 0.89
+        return Bf16GemmConfig(128, 128, 64, 8, 4)
+    # Inductor's grouped-mm template on the H200 (PITFALLS): 128x256x64, 8 warps, 3 stages
+    return Bf16GemmConfig(128, 256, 64, 8, 3)

@@ -15,10 +15,8 @@ Why the bits match:
   (``dequantize.dequantize_bf16``, as ``grouped_gemm_via_bf16`` does), and the kernel calls
   ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of ``_grouped_gemm_bf16_kernel``, one
   copy for the three kernels (natural K order, so the tile config -- ``bf16_gemm_config("act")``,
-  which may differ from the unfused GEMM's -- changes no bit), then bf16(((acc * 2**-28) * 2**28) * alpha_g) with
-  integer RNE (``store_bf16``'s value; both power-of-2 multiplies are exact).
-  (Before run P1's decision the fused kernels repeated the in-register K loop of
-  ``grouped_gemm``; that kernel stays available but the Triton lowering no longer uses it.)
+  which may differ from the unfused GEMM's -- changes no bit), then bf16(acc * alpha_g) with
+  integer RNE (``gemm_common.gemm_out_bits``, the unfused kernel's ``store_bf16`` value).
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
   the epilogue can be contracted with anything of the activation) and
   calls ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
@@ -54,20 +52,13 @@ import triton.language as tl
 from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
+from .config import bf16_gemm_config
 from .dequantize import dequantize_bf16
-from .grouped_gemm import _UNSCALE, check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
-from .grouped_gemm_bf16 import _PRESCALE, bf16_gemm_config, bf16_tile_acc, use_tma
+from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
+from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
 
 # ---------------------------------------------------------------------------------------
 # Device helpers shared with grouped_gemm_dact.py
-
-
-@triton.jit
-def gemm_out_bits(acc, alpha):
-    """bf16((acc * 2**28) * alpha) as uint16 bits: grouped_gemm.store_bf16's value (the
-    bf16-operand kernels pass acc * 2**-28, as _grouped_gemm_bf16_kernel does)."""
-    y = bf16_round((acc * _UNSCALE) * alpha)
-    return (y.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
 
 
 @triton.jit
@@ -127,17 +118,17 @@ def _grouped_gemm_act_kernel(
             c_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
             acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0, F, tn * BN, K,
                                 BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-            gate = gemm_out_bits(acc * _PRESCALE, alpha)
+            gate = gemm_out_bits(acc, alpha)
             store_bits(c_ptrs, gate, mask)
             acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0 + F, F, tn * BN, K,
                                 BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-            up = gemm_out_bits(acc * _PRESCALE, alpha)
+            up = gemm_out_bits(acc, alpha)
             store_bits(c_ptrs + F, up, mask)
             f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GPU)
         else:
             acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
                                 BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-            cb = gemm_out_bits(acc * _PRESCALE, alpha)
+            cb = gemm_out_bits(acc, alpha)
             store_bits(c_ptr + arow[:, None] * F + cols[None, :], cb, mask)
             c = widen(cb)
             f = act_fwd_math(c, c, clamp, ACT, GPU)

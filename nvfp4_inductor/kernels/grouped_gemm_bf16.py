@@ -1,31 +1,27 @@
-"""Grouped GEMMs on bf16 deq() copies: the second way for NVFP4 operands to reach Hopper's
-tensor cores (the first, grouped_gemm.py / grouped_gemm_wgrad.py, dequantizes in registers
-inside the K loop).
+"""Grouped GEMMs on bf16 deq() copies: how NVFP4 operands reach Hopper's bf16 tensor cores
+(SM90 has no FP4 ones).
 
     grouped_gemm_via_bf16        = dequantize_bf16(a), dequantize_bf16(b) -> _grouped_gemm_bf16_kernel
     grouped_gemm_wgrad_via_bf16  = dequantize_bf16(a), dequantize_bf16(b) -> _grouped_gemm_wgrad_bf16_kernel
 
-Same signatures and results as ``grouped_gemm`` / ``grouped_gemm_wgrad`` (twins:
-``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch``). The bf16 copies are
-transient (made and freed inside the call, never saved for backward). Both are the Triton
-lowering's GEMMs since benchmarks/NOTES.md run P1. The fprop K loop is one helper,
+Twins: ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch`` (same arguments and
+return types; results equal up to fp32 accumulation order). The bf16 copies are transient
+(made and freed inside the call, never saved for backward). Both are the Triton lowering's
+GEMMs since benchmarks/NOTES.md run P1 (1.3-2.25x faster on the H200 than dequantizing in
+registers inside the K loop, a path since removed). The fprop K loop is one helper,
 ``bf16_tile_acc``, called by ``_grouped_gemm_bf16_kernel`` and by the fused epilogue
 kernels (grouped_gemm_act.py, grouped_gemm_dact.py), so fused and unfused C/G are equal
 bit for bit whatever tile each uses (the K order is natural in all of them).
 
 Numerics: deq() is exact in bf16 (dequantize.py), the tensor cores multiply exactly and
-accumulate in fp32 in natural K order (the in-register kernels permute K: low nibbles, then
-high nibbles, per step), alpha_g (``gemm_alpha``, one IEEE division) multiplies the fp32
-accumulator and one integer RNE rounding gives bf16 (``store_bf16``). The two paths thus
-agree up to fp32 accumulation order; both meet the fp64 bound of tests/test_kernels_gemm.py.
-``store_bf16`` computes bf16((acc * 2**28) * alpha) for the in-register kernels' operands
-scaled by 2**-14 each; here it gets acc * 2**-28, and both power-of-2 multiplies are exact
-(a non-zero accumulator of deq() products is a multiple of 2**-20), so the epilogue is
-exactly bf16(acc * alpha).
+accumulate in fp32 in natural K order, alpha_g (``gemm_common.gemm_alpha``, one IEEE
+division) multiplies the fp32 accumulator and one integer RNE rounding gives bf16
+(``gemm_common.store_bf16``): out = bf16(acc * alpha_g). Both meet the fp64 bound of
+tests/test_kernels_gemm_bf16.py.
 
-Schedules: those of grouped_gemm.py (``tile_table`` / ``tile_coords``: persistent, group
-tiles from the device-side group sizes, M fastest) and grouped_gemm_wgrad.py
-(``wgrad_tile``). Operand loads, two variants (``Bf16GemmConfig.tma``):
+Schedules: gemm_common.py's (``tile_table`` / ``tile_coords``: persistent, group tiles
+from the device-side group sizes, M fastest; ``wgrad_tile``). Tiles:
+``config.bf16_gemm_config``. Operand loads, two variants (``Bf16GemmConfig.tma``):
 * pointers (default): rows past a group's end (or past N) are clamped to a valid row
   instead of masked (those output rows/columns are not stored), so only the K tail is
   masked, and only when K % BK != 0 (fprop) or at each group's last K step (wgrad);
@@ -38,19 +34,16 @@ tiles from the device-side group sizes, M fastest) and grouped_gemm_wgrad.py
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
+from .config import Bf16GemmConfig, bf16_gemm_config
 from .dequantize import dequantize_bf16
-from .grouped_gemm import (check_gemm_operands, gemm_alpha, num_programs, pinned_configs, store_bf16, tile_coords,
-                           tile_table)
-from .grouped_gemm_wgrad import check_wgrad_operands, wgrad_tile
+from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
+                          tile_coords, tile_table, wgrad_tile)
 
-_PRESCALE: tl.constexpr = tl.constexpr(2.0**-28)  # store_bf16 multiplies by 2**28 again
 _UPCAST: tl.constexpr = tl.constexpr(INTERPRET)
 
 
@@ -132,7 +125,7 @@ def _grouped_gemm_bf16_kernel(
                             BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
         out_ptrs = out_ptr + (row0 + rows).to(tl.int64)[:, None] * N + cols[None, :]
-        store_bf16(out_ptrs, acc * _PRESCALE, alpha, row_ok[:, None] & col_ok[None, :])
+        store_bf16(out_ptrs, acc, alpha, row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -172,49 +165,11 @@ def _grouped_gemm_wgrad_bf16_kernel(
                 b_ptrs += BK
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
         out_ptrs = out_ptr + (g.to(tl.int64) * N + rows_a)[:, None] * M + rows_b[None, :]
-        store_bf16(out_ptrs, acc * _PRESCALE, alpha, a_ok[:, None] & b_ok[None, :])
+        store_bf16(out_ptrs, acc, alpha, a_ok[:, None] & b_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------
-# Tile configuration (frozen choices tests and benchmarks can pin; none changes a result
-# bit: the K order is natural whatever BK)
-
-
-@dataclasses.dataclass(frozen=True)
-class Bf16GemmConfig:
-    block_m: int  # output rows (tokens; N of wgrad) per tile
-    block_n: int  # output columns per tile
-    block_k: int
-    num_warps: int
-    num_stages: int
-    num_programs: int = 0  # persistent programs; 0 = one per SM (1 under the interpreter)
-    tma: bool = False  # device-side TMA descriptors (CUDA only)
-
-
-_OVERRIDE: dict[str, Bf16GemmConfig] = {}
-
-
-def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -> Bf16GemmConfig:
-    """Tile config of `kind`: "fprop" / "wgrad" (the plain GEMMs), "act" / "dact" (the fused
-    epilogue GEMMs of grouped_gemm_act.py / grouped_gemm_dact.py; `swiglu`: the activation
-    is SwiGLU). No choice changes a bit: every kind runs ``bf16_tile_acc``'s natural K order."""
-    if kind in _OVERRIDE:
-        return _OVERRIDE[kind]
-    if INTERPRET or device.type != "cuda":
-        return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
-    if kind == "dact" or (kind == "act" and swiglu):
-        # 128x256 spills in these epilogues (two accumulators for SwiGLU's act; C, dC and D
-        # tiles in dact). benchmarks/epilogue_tiles.py, run EP1 (S1, H200), 128x256 w8 s3 ->
-        # 128x128 w8 s4: dact srelu 0.68 -> 0.61 ms, swiglu act 1.54 -> 1.23, dact 1.67 -> 0.89
-        return Bf16GemmConfig(128, 128, 64, 8, 4)
-    # Inductor's grouped-mm template on the H200 (PITFALLS): 128x256x64, 8 warps, 3 stages
-    return Bf16GemmConfig(128, 256, 64, 8, 3)
-
-
-def override_config(**configs: Bf16GemmConfig):
-    """``with override_config(fprop=Bf16GemmConfig(...), wgrad=..., act=..., dact=...)``:
-    pin tile configs."""
-    return pinned_configs(_OVERRIDE, **configs)
+# TMA descriptors
 
 
 _ALLOCATOR_SET = False
@@ -282,7 +237,7 @@ def _grouped_gemm_wgrad_bf16_op(
     cfg = bf16_gemm_config("wgrad", a.device)
     tma = use_tma(cfg, a.device, p)
     programs = num_programs(cfg, a.device)
-    # as in grouped_gemm_wgrad.py: the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
+    # the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
     launch(
         _grouped_gemm_wgrad_bf16_kernel, (programs,),
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, offsets_ptr=padded_offsets, out_ptr=out,
@@ -305,8 +260,7 @@ def grouped_gemm_via_bf16(
     b_amax: torch.Tensor,
     group_sizes: torch.Tensor,
 ) -> torch.Tensor:
-    """fprop / dgrad, the drop-in alternative of ``kernels.grouped_gemm.grouped_gemm`` (same
-    arguments, checks and result up to fp32 accumulation order): a (T, K/2) uint8, (T, K/16)
+    """fprop / dgrad, the twin of ``numerics.grouped_gemm_torch``: a (T, K/2) uint8, (T, K/16)
     E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
     Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call."""
     check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
@@ -325,9 +279,9 @@ def grouped_gemm_wgrad_via_bf16(
     b_amax: torch.Tensor,
     padded_offsets: torch.Tensor,
 ) -> torch.Tensor:
-    """wgrad, the drop-in alternative of ``kernels.grouped_gemm_wgrad.grouped_gemm_wgrad``:
-    a (N, P/2) uint8, (N, P/16) E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,);
-    padded_offsets (G+1,), multiples of 16, on the device. Returns (G, N, M) bf16 (zeros for
+    """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
+    E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,), multiples of 16,
+    on the device. Returns (G, N, M) bf16 (zeros for
     an empty group). The bf16 deq() copies live only inside this call."""
     check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
     a = dequantize_bf16(a_data, a_scale)

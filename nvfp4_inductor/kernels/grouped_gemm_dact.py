@@ -14,7 +14,7 @@ Why the bits match:
   (``dequantize_bf16``, as ``grouped_gemm_via_bf16`` does); the kernel runs
   grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
   tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
-  bf16(((acc * 2**-28) * 2**28) * alpha_g) with integer RNE, widened from its bits.
+  bf16(acc * alpha_g) with integer RNE (``gemm_common.gemm_out_bits``), widened from its bits.
 * dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
   (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
   SwiGLU: G has F columns and dC 2F; program (tm, tn) reads C's gate and up columns
@@ -39,9 +39,9 @@ from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
 from .dequantize import dequantize_bf16
-from .grouped_gemm import check_gemm_operands, gemm_alpha, num_programs, tile_coords, tile_table
-from .grouped_gemm_act import epilogue_config, gemm_out_bits, widen
-from .grouped_gemm_bf16 import _PRESCALE, bf16_tile_acc, use_tma
+from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
+from .grouped_gemm_act import epilogue_config, widen
+from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def _grouped_gemm_dact_kernel(
         arow = (row0 + rows).to(tl.int64)
         acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
                             BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-        g = widen(gemm_out_bits(acc * _PRESCALE, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
+        g = widen(gemm_out_bits(acc, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
         if HAS_PROBS:
             p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         else:
