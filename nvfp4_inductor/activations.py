@@ -1,12 +1,19 @@
-"""The grouped MLP's activations, forward and backward, in fp32 (SPEC.md section 5).
+"""Activations: the registry and the reference math (SPEC.md section 5). One of three
+activation modules: this one says what each activation is; ``compiler/match_activation.py``
+finds the registered activations in Dynamo graphs; ``kernels/activation.py`` runs them in
+Triton.
 
-Every kernel epilogue reproduces these formulas operation for operation; the operation
-order written here is the contract. Inputs are GEMM outputs already rounded to bf16
-(C, and G = the fc2 dgrad), so a fused kernel, the unfused chain and the backward
+Adding an activation is one ``register_activation(Activation(...))`` (its name, shape,
+reference math, FX pattern and Triton code, below) plus, if it gets one, its Triton kernel
+branch; everything that checks, matches, sizes or runs an activation reads the registry.
+
+The reference math runs in fp32, and its operation order is the contract: every kernel
+epilogue reproduces it operation for operation. Inputs are GEMM outputs already rounded to
+bf16 (C, and G = the fc2 dgrad), so a fused kernel, the unfused chain and the backward
 recompute all start from the same bits.
 
     D  = bf16(f(float(C)) * p)                  p = router prob (fp32) or 1
-    dC = bf16((float(G) * p) * f'(float(C)))    (SwiGLU: per half, below)
+    dC = bf16((float(G) * p) * f'(float(C)))    (gated: per half, below)
     dp = sum_n float(G) * f(float(C))           (order: ``row_sum``)
 
 SReLU:       r = relu(c);            f = r * r;  f' = 2 * r
@@ -18,13 +25,149 @@ SwiGLU:      c = [a | u] (gate a = first half of the columns, up u = second half
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Callable, Optional, Union
 
 import torch
 
 from .constants import BLOCK
 
-ACTIVATIONS = ("srelu", "tanh_srelu", "swiglu")
+# ----------------------------------------------------------------------------- patterns
+
+# The ops a pattern may use, with their arities; compiler/match_activation.py knows every
+# spelling of each (tests/test_activation_registry.py checks it covers this list).
+PATTERN_OPS = {"relu": 1, "silu": 1, "tanh": 1, "square": 1, "mul": 2, "div": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    """A leaf of a pattern: ``H`` the fc1 output, ``GATE`` / ``UP`` the gate and up inputs
+    of a gated activation, ``S`` the scale (a python float)."""
+
+    name: str
+
+    def __post_init__(self):
+        if self.name not in ("H", "GATE", "UP", "S"):
+            raise ValueError(f"Var.name must be one of 'H', 'GATE', 'UP', 'S'; got {self.name!r}")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """A node of a pattern: the elementwise op ``name`` (a key of PATTERN_OPS) on ``args``
+    (Ops or Vars)."""
+
+    name: str
+    args: tuple
+
+    def __post_init__(self):
+        if PATTERN_OPS.get(self.name) != len(self.args):
+            raise ValueError(f"Op must be one of {PATTERN_OPS} (name: arity); got {self.name!r} with "
+                             f"{len(self.args)} argument(s)")
+        for a in self.args:
+            if not isinstance(a, (Op, Var)):
+                raise ValueError(f"Op {self.name!r}: arguments must be Op or Var; got {a!r}")
+
+    def __repr__(self) -> str:
+        return f"{self.name}({', '.join(map(repr, self.args))})"
+
+    def leaves(self) -> set[str]:
+        return {n for a in self.args for n in (a.leaves() if isinstance(a, Op) else {a.name})}
+
+
+Pattern = Union[Op, Var]
+H, GATE, UP, S = Var("H"), Var("GATE"), Var("UP"), Var("S")
+
+
+def op(name: str, *args: Pattern) -> Op:
+    """``op("square", op("relu", H))``: a pattern node."""
+    return Op(name, args)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """One activation of the grouped MLP: everything the package needs to know about it.
+
+    name: what callers pass as ``activation=`` (and what explain shows).
+    gated: fc1 gives 2F columns [gate | up] (F1 = 2F; the fc1 weight's rows 0..F-1 are the
+        gate); else F1 = F.
+    takes_scale: the activation has one float parameter, passed everywhere as
+        ``tanh_clamp_scale``, which must be > 0; without it that argument must be None.
+    forward(c, scale) -> f: f(C), (T, F1) -> (T, F), in c's dtype (fp32; fp64 for
+        gradcheck), in the contract's operation order; scale is None without takes_scale.
+    backward(gp, c, scale) -> (dc, f): from gp = G * p (T, F) and c (T, F1) in the compute
+        dtype, dC = gp * f'(c) (T, F1) unrounded and f(c) bit for bit as ``forward`` makes it
+        (dp and the regenerated D are made from it).
+    pattern: the function as an expression over PATTERN_OPS with leaves H (not gated) or
+        GATE and UP (gated), and S (exactly when takes_scale): what
+        compiler/match_activation.py looks for in FX graphs, in every spelling it knows.
+    triton_code: the ACT constexpr the Triton kernels branch on (kernels/activation.py, the
+        fused fc1 and fc2-dgrad epilogues); None: there is no Triton kernel, and the Triton
+        target's unfused activation steps run ``forward`` / ``backward``.
+    """
+
+    name: str
+    gated: bool
+    takes_scale: bool
+    forward: Callable[[torch.Tensor, Optional[float]], torch.Tensor]
+    backward: Callable[[torch.Tensor, torch.Tensor, Optional[float]], tuple[torch.Tensor, torch.Tensor]]
+    pattern: Op
+    triton_code: Optional[int] = None
+
+    def __post_init__(self):
+        if not (isinstance(self.name, str) and self.name.isidentifier()):
+            raise ValueError(f"Activation.name must be a python identifier; got {self.name!r}")
+        if not isinstance(self.pattern, Op):
+            raise ValueError(f"Activation.pattern must be an Op; got {self.pattern!r}")
+        want = ({"GATE", "UP"} if self.gated else {"H"}) | ({"S"} if self.takes_scale else set())
+        if self.pattern.leaves() != want:
+            raise ValueError(
+                f"Activation.pattern of {self.name!r} (gated={self.gated}, takes_scale={self.takes_scale}) "
+                f"must use exactly {sorted(want)}; got {self.pattern!r}")
+        if self.triton_code is not None and not isinstance(self.triton_code, int):
+            raise ValueError(f"Activation.triton_code must be an int or None; got {self.triton_code!r}")
+
+
+_REGISTRY: dict[str, Activation] = {}
+
+
+def register_activation(entry: Activation) -> Activation:
+    """Add `entry`; every later check, match, fake shape and lowering sees it."""
+    if not isinstance(entry, Activation):
+        raise ValueError(f"register_activation takes an Activation; got {entry!r}")
+    if entry.name in _REGISTRY:
+        raise ValueError(f"activation {entry.name!r} is already registered; unregister_activation it first")
+    taken = [e.name for e in _REGISTRY.values() if entry.triton_code is not None and e.triton_code == entry.triton_code]
+    if taken:
+        raise ValueError(f"Activation.triton_code {entry.triton_code} of {entry.name!r} is {taken[0]!r}'s already")
+    _REGISTRY[entry.name] = entry
+    return entry
+
+
+def unregister_activation(name: str) -> Activation:
+    """Remove the activation `name`; returns its entry."""
+    return _REGISTRY.pop(get_activation(name).name)
+
+
+def get_activation(name: str, argument: str = "activation") -> Activation:
+    """The entry of `name`; a ValueError naming `argument` and the registered names if none."""
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(f"{argument} must be one of {activation_names()}; got {name!r}")
+    return entry
+
+
+def activation_names() -> tuple[str, ...]:
+    """The registered names, built-ins first, in registration order."""
+    return tuple(_REGISTRY)
+
+
+# ----------------------------------------------------------------------------- reference math
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -32,23 +175,59 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _act_fwd(c: torch.Tensor, activation: str, tanh_clamp_scale: Optional[float]) -> torch.Tensor:
-    if activation == "srelu":
-        r = torch.relu(c)
-        return r * r
-    if activation == "tanh_srelu":
-        b = tanh_clamp_scale * torch.tanh(torch.relu(c) / tanh_clamp_scale)
-        return b * b
+def _srelu_forward(c: torch.Tensor, scale: None) -> torch.Tensor:
+    r = torch.relu(c)
+    return r * r
+
+
+def _srelu_backward(gp: torch.Tensor, c: torch.Tensor, scale: None) -> tuple[torch.Tensor, torch.Tensor]:
+    r = torch.relu(c)
+    return gp * (2 * r), r * r
+
+
+def _tanh_srelu_forward(c: torch.Tensor, s: float) -> torch.Tensor:
+    b = s * torch.tanh(torch.relu(c) / s)
+    return b * b
+
+
+def _tanh_srelu_backward(gp: torch.Tensor, c: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tanh(torch.relu(c) / s)
+    b = s * t
+    return gp * ((2 * b) * (1 - t * t)), b * b
+
+
+def _swiglu_forward(c: torch.Tensor, scale: None) -> torch.Tensor:
     a, u = c.chunk(2, dim=-1)
     return (a * torch.sigmoid(a)) * u
+
+
+def _swiglu_backward(gp: torch.Tensor, c: torch.Tensor, scale: None) -> tuple[torch.Tensor, torch.Tensor]:
+    a, u = c.chunk(2, dim=-1)
+    sg = torch.sigmoid(a)
+    si = a * sg
+    return torch.cat((gp * (u * (sg * (1 + a * (1 - sg)))), gp * si), dim=-1), si * u
+
+
+# The built-ins. triton_code: the values kernels/activation.py's _SRELU / _TANH_SRELU /
+# _SWIGLU take (it reads them from here).
+SRELU = register_activation(Activation(
+    "srelu", gated=False, takes_scale=False, forward=_srelu_forward, backward=_srelu_backward,
+    pattern=op("square", op("relu", H)), triton_code=0))
+TANH_SRELU = register_activation(Activation(
+    "tanh_srelu", gated=False, takes_scale=True, forward=_tanh_srelu_forward, backward=_tanh_srelu_backward,
+    pattern=op("square", op("mul", S, op("tanh", op("div", op("relu", H), S)))), triton_code=1))
+SWIGLU = register_activation(Activation(
+    "swiglu", gated=True, takes_scale=False, forward=_swiglu_forward, backward=_swiglu_backward,
+    pattern=op("mul", op("silu", GATE), UP), triton_code=2))
 
 
 def activation_forward(
     c: torch.Tensor, probs: Optional[torch.Tensor], activation: str, tanh_clamp_scale: Optional[float] = None
 ) -> torch.Tensor:
     """D = bf16(f(float(C)) * p); C (T, F1) bf16, probs (T,) or None; D (T, F) in C's dtype."""
+    entry = get_activation(activation)
     dtype = compute_dtype(c)
-    f = _act_fwd(c.to(dtype), activation, tanh_clamp_scale)
+    f = entry.forward(c.to(dtype), tanh_clamp_scale)
     if probs is not None:
         f = f * probs.to(dtype).unsqueeze(1)
     return f.to(c.dtype)
@@ -83,26 +262,12 @@ def activation_backward(
     """From G = dL/dD (T, F) bf16 and the saved pre-activation C (T, F1) bf16:
     dC (T, F1) in C's dtype, dp (T,) fp32 (None without probs) and, when `regenerate`, D exactly
     as ``activation_forward`` made it (the backward recompute of the fc2 input)."""
+    entry = get_activation(activation)
     dtype = compute_dtype(c)
     gf, cf = g.to(dtype), c.to(dtype)
     p = probs.to(dtype).unsqueeze(1) if probs is not None else None
     gp = gf * p if p is not None else gf
-    if activation == "swiglu":
-        a, u = cf.chunk(2, dim=-1)
-        sg = torch.sigmoid(a)
-        si = a * sg
-        f = si * u
-        dc = torch.cat((gp * (u * (sg * (1 + a * (1 - sg)))), gp * si), dim=-1)
-    elif activation == "srelu":
-        r = torch.relu(cf)
-        f = r * r
-        dc = gp * (2 * r)
-    else:
-        s = tanh_clamp_scale
-        t = torch.tanh(torch.relu(cf) / s)
-        b = s * t
-        f = b * b
-        dc = gp * ((2 * b) * (1 - t * t))
+    dc, f = entry.backward(gp, cf, tanh_clamp_scale)
     dp = row_sum(gf * f) if probs is not None else None
     d = None
     if regenerate:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
+from .activations import get_activation
 from .lowerings import SiteSpec, choose_plan
 from .recipe import Recipe
 from .saved import SavedForBackward
@@ -100,10 +101,11 @@ def grouped_mlp(
 ) -> torch.Tensor:
     """Y = fc2(f(fc1(x)) * probs) per expert, in NVFP4 (SPEC 5), eagerly, op by op.
 
-    x: (T, H) bf16, rows sorted by expert; fc1_weight: (G, F1, H) bf16 (F1 = 2F for
-    swiglu: rows 0..F-1 gate, F..2F-1 up); fc2_weight: (G, H, F) bf16; group_sizes: (G,)
-    int tensor on x's device (no host sync); probs: (T,) router probabilities or None;
-    activation: "srelu" | "tanh_srelu" (needs tanh_clamp_scale) | "swiglu".
+    x: (T, H) bf16, rows sorted by expert; fc1_weight: (G, F1, H) bf16 (F1 = 2F for a
+    gated activation such as swiglu: rows 0..F-1 gate, F..2F-1 up); fc2_weight: (G, H, F)
+    bf16; group_sizes: (G,) int tensor on x's device (no host sync); probs: (T,) router
+    probabilities or None; activation: a registered name (``activations.activation_names()``),
+    built in: "srelu" | "tanh_srelu" (needs tanh_clamp_scale) | "swiglu".
     Returns (T, H) bf16. Differentiable in x, both weights and probs.
     """
     # Traced by Dynamo (outside the graph node), so a bad input raises this ValueError in
@@ -131,7 +133,7 @@ class GroupedMLP(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
     ):
         super().__init__()
-        fc1_out = 2 * ffn if activation == "swiglu" else ffn
+        fc1_out = 2 * ffn if get_activation(activation).gated else ffn
         self.activation, self.tanh_clamp_scale = activation, tanh_clamp_scale
         self.recipe = recipe or Recipe()
         self.fc1_weight = nn.Parameter(torch.empty(num_experts, fc1_out, hidden, device=device, dtype=dtype))

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import numerics
-from .activations import compute_dtype
+from .activations import compute_dtype, get_activation
 from .constants import BLOCK
 from .lowerings import steps_for
 from .validate import check_group_sizes_values
@@ -213,7 +213,7 @@ def activation_op(c: Tensor, probs: Optional[Tensor], activation: str, tanh_clam
 
 @activation_op.register_fake
 def _(c, probs, activation, tanh_clamp_scale, target=None):
-    f = c.shape[1] // 2 if activation == "swiglu" else c.shape[1]
+    f = c.shape[1] // 2 if get_activation(activation).gated else c.shape[1]
     return c.new_empty(c.shape[0], f)
 
 

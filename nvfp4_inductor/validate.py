@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .activations import ACTIVATIONS
+from .activations import activation_names, get_activation
 from .constants import BLOCK
 
 
@@ -102,13 +102,14 @@ def check_grouped_mlp_args(
     tanh_clamp_scale: Optional[float],
 ) -> None:
     """The grouped MLP's contract (SPEC 5); shapes and dtypes only (no values read)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
-    if activation == "tanh_srelu":
+    entry = get_activation(activation)
+    if entry.takes_scale:
         if tanh_clamp_scale is None or not tanh_clamp_scale > 0:
-            raise ValueError(f"tanh_clamp_scale must be a positive float for tanh_srelu; got {tanh_clamp_scale!r}")
+            raise ValueError(f"tanh_clamp_scale must be a positive float for {activation}; got {tanh_clamp_scale!r}")
     elif tanh_clamp_scale is not None:
-        raise ValueError(f"tanh_clamp_scale applies to activation='tanh_srelu' only; got it with {activation!r}")
+        takes = [n for n in activation_names() if get_activation(n).takes_scale]
+        raise ValueError(f"tanh_clamp_scale applies only to activations that take a scale {takes}; "
+                         f"got it with {activation!r}")
     for name, t, ndim, layout in (
         ("x", x, 2, "(T, H)"),
         ("fc1_weight", fc1_weight, 3, "(G, F1, H)"),
@@ -126,9 +127,9 @@ def check_grouped_mlp_args(
         raise ValueError(f"x.shape[1] ({x.shape[1]}) must equal fc1_weight.shape[2] (H = {hidden})")
     if fc2_weight.shape[1] != hidden:
         raise ValueError(f"fc2_weight.shape[1] ({fc2_weight.shape[1]}) must equal H = {hidden}")
-    ffn = f1 // 2 if activation == "swiglu" else f1
-    if activation == "swiglu" and f1 % 2:
-        raise ValueError(f"swiglu needs an even fc1_weight.shape[1] (gate and up halves); got {f1}")
+    ffn = f1 // 2 if entry.gated else f1
+    if entry.gated and f1 % 2:
+        raise ValueError(f"{activation} needs an even fc1_weight.shape[1] (gate and up halves); got {f1}")
     if fc2_weight.shape[2] != ffn:
         raise ValueError(
             f"fc2_weight.shape[2] ({fc2_weight.shape[2]}) must equal F = {ffn} "

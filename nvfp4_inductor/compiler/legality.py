@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..activations import get_activation
 from ..constants import BLOCK
 from .nodes import val
 from .site import Site, Weight
@@ -55,7 +56,7 @@ def can_grouped_mlp(site: Site) -> str | None:
         return f"the weights have {g1} experts, the routing has {site.group_sizes.count} groups"
     if h1 != hidden or h2 != hidden:
         return f"x has H = {hidden}, fc1 weight takes {h1}, fc2 weight gives {h2}"
-    expected_f1 = 2 * f2 if site.activation == "swiglu" else f2
+    expected_f1 = 2 * f2 if get_activation(site.activation).gated else f2
     if f1 != expected_f1:
         return f"fc1 gives {f1} features, fc2 takes {f2}; {site.activation} needs fc1 = {expected_f1}"
     for name, dim in (("H", hidden), ("F", f2)):

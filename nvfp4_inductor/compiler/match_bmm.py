@@ -4,7 +4,7 @@ Matched subgraph (Dynamo graph)::
 
     h = bmm(x, W1)                     # x (G, T/G, H); W1 (G, H, F1), or W1p.transpose(1, 2)
                                        # with W1p (G, F1, H) in nn.Linear layout
-    d = f(h) [* p[..., None]]          # see activation.py; p (G, T/G)
+    d = f(h) [* p[..., None]]          # see match_activation.py; p (G, T/G)
     y = bmm(d, W2)                     # W2 (G, F, H) or W2p.transpose(1, 2)
     [y = y * p[..., None]]
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .activation import gemms_behind, match_activation, match_output_prob
+from .match_activation import gemms_behind, match_activation, match_output_prob
 from .legality import can_grouped_mlp
 from .nodes import Node, is_op, shape, transposed_last_two
 from .regions import escaping_use, kn_weight, fc1_bias_reason, fc2_bias_reason, prob_on_input_reason

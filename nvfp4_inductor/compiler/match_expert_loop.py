@@ -9,7 +9,7 @@ Matched subgraph (Dynamo graph)::
         h_e = fc1(xs[e])                                # F.linear(xs[e], W1_e) | nn.Linear(bias=False)
                                                         # | xs[e] @ W1_e.T | xs[e] @ W1_e
               [gate_e = fc1g(xs[e]); up_e = fc1u(xs[e])]   # Mixtral / torchtitan w1, w3
-        d_e = f(h_e) [* ps[e][:, None]]                 # see activation.py
+        d_e = f(h_e) [* ps[e][:, None]]                 # see match_activation.py
         y_e = fc2(d_e) [* ps[e][:, None]]
     y = torch.cat([y_0, ..., y_{G-1}], dim=0)
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .activation import gemms_behind, match_activation, prob_column
+from .match_activation import gemms_behind, match_activation, prob_column
 from .legality import can_grouped_mlp
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 

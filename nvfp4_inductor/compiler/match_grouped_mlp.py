@@ -19,9 +19,10 @@ import sys
 
 import torch
 
+from ..activations import activation_names, get_activation
 from .legality import can_grouped_mlp
 from .nodes import Node, arg, shape
-from .site import ACTIVATIONS, GroupSizes, Rejection, Site, Weight, location_of
+from .site import GroupSizes, Rejection, Site, Weight, location_of
 
 MODULE = "nvfp4_inductor.nn"
 
@@ -54,12 +55,12 @@ def grouped_mlp_site(node: Node) -> Site | str:
     probs = arg(node, 4, "probs")
     activation = node.kwargs.get("activation", "srelu")
     scale = node.kwargs.get("tanh_clamp_scale")
-    if activation not in ACTIVATIONS:
-        return f"activation {activation!r} is not one of {ACTIVATIONS}"
-    if activation != "tanh_srelu":
+    if activation not in activation_names():
+        return f"activation {activation!r} is not one of {activation_names()}"
+    if not get_activation(activation).takes_scale:
         scale = None
     elif not isinstance(scale, float):
-        return f"tanh_clamp_scale must be a python float for tanh_srelu, got {scale!r}"
+        return f"tanh_clamp_scale must be a python float for {activation}, got {scale!r}"
     for name, operand in (("x", x), ("fc1_weight", fc1), ("fc2_weight", fc2), ("group_sizes", sizes)):
         if not isinstance(operand, Node):
             return f"{name} is {operand!r}, not a tensor of the graph"

@@ -4,7 +4,7 @@ Matched subgraph (Dynamo graph; ``F.grouped_mm`` arrives as ``torch._grouped_mm`
 
     h = _grouped_mm(x, W1.transpose(-2, -1), offs=offs)      # W1 (G, F1, H), or W1 (G, H, F1) untransposed
       | gate = _grouped_mm(x, Wg.mT, offs)  up = _grouped_mm(x, Wu.mT, offs)   # torchtitan w1 / w3
-    d = f(h) [* p[:, None]]                                   # see activation.py
+    d = f(h) [* p[:, None]]                                   # see match_activation.py
     y = _grouped_mm(d, W2.transpose(-2, -1), offs=offs)       # the SAME offs node
     [y = (y.float() * p[:, None]).to(bf16)]                   # prob on the output instead
 
@@ -23,7 +23,7 @@ import operator
 
 import torch
 
-from .activation import gemms_behind, match_activation, match_output_prob
+from .match_activation import gemms_behind, match_activation, match_output_prob
 from .legality import can_grouped_mlp
 from .nodes import Node, arg, is_op, shape, strip_casts, transposed_last_two
 from .regions import escaping_use, kn_weight, fc1_bias_reason, fc2_bias_reason, prob_on_input_reason

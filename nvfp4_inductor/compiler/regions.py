@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from .activation import gemms_behind, prob_column
+from .match_activation import gemms_behind, prob_column
 from .nodes import Node, is_op, op_name, strip_casts, transposed_last_two
 from .site import Weight
 

@@ -8,7 +8,7 @@ graph they computed; ``rewrite.rewrite_sites`` turns it into the canonical call
               *, activation, tanh_clamp_scale) -> y
 
     x            (T, H) bf16, rows sorted by expert
-    fc1_weight   (G, F1, H) bf16, nn.Linear layout; F1 = F (srelu, tanh_srelu) or 2F
+    fc1_weight   (G, F1, H) bf16, nn.Linear layout; F1 = F, or 2F for a gated activation
                  (swiglu: rows 0..F-1 the gate that silu is applied to, F..2F-1 the up)
     fc2_weight   (G, H, F) bf16, nn.Linear layout
     group_sizes  (G,) int32 on x's device (rows per expert, no host values)
@@ -24,9 +24,8 @@ from typing import Literal, Union
 
 import torch.fx
 
-ACTIVATIONS = ("srelu", "tanh_srelu", "swiglu")
+from ..activations import get_activation
 
-Activation = Literal["srelu", "tanh_srelu", "swiglu"]
 Spelling = Literal["token_permutation", "grouped_mm", "expert_loop", "bmm", "grouped_mlp_module"]
 WeightLayout = Literal["out_in", "in_out"]
 
@@ -77,20 +76,22 @@ class Site:
 
     x: the node of the expert input, (T, H) bf16 sorted by expert, or for ``bmm`` the
         (G, T/G, H) batch (``x_batched``).
-    fc1_weight: fc1 weight; for swiglu with one fused gate/up GEMM it holds both halves,
-        with separate gate and up GEMMs (torchtitan's w1/w3, Mixtral's w1/w3) the gate only.
+    fc1_weight: fc1 weight; for a gated activation (swiglu) with one fused gate/up GEMM it
+        holds both halves, with separate gate and up GEMMs (torchtitan's w1/w3, Mixtral's
+        w1/w3) the gate only.
     fc1_up_weight: the up-projection weight when gate and up are separate GEMMs, else None.
-    gate_second: swiglu whose fused fc1 output applies silu to the SECOND half; the rewrite
-        swaps the halves of fc1_weight so the gate comes first.
+    gate_second: a gated activation whose fused fc1 output gates with the SECOND half; the
+        rewrite swaps the halves of fc1_weight so the gate comes first.
     fc2_weight: fc2 weight.
     group_sizes: where the rows per expert come from (GroupSizes).
     probs: node of the router probabilities, shaped (T,), (T, 1) or for bmm (G, T/G, 1);
         None when the MLP has none. Whether the user multiplied it on the activation or on
         the fc2 output (equal without an fc2 bias), the canonical call applies it on the
         activation.
-    activation: "srelu" (relu(h)**2), "tanh_srelu" ((s * tanh(relu(h) / s))**2) or "swiglu"
-        (silu(gate) * up).
-    tanh_clamp_scale: s of tanh_srelu (a python float), else None.
+    activation: the name of a registered activation (activations.py), e.g. "srelu"
+        (relu(h)**2), "tanh_srelu" ((s * tanh(relu(h) / s))**2) or "swiglu" (silu(gate) * up).
+    tanh_clamp_scale: the scale of an activation that takes one (tanh_srelu's s, a python
+        float), else None.
     spelling: which user spelling matched ("token_permutation", "grouped_mm",
         "expert_loop", "bmm", "grouped_mlp_module").
     location: where the user wrote it: module path and file:line, from node meta.
@@ -106,7 +107,7 @@ class Site:
     fc2_weight: Weight
     group_sizes: GroupSizes
     probs: torch.fx.Node | None
-    activation: Activation
+    activation: str
     tanh_clamp_scale: float | None
     spelling: Spelling
     location: str
@@ -117,15 +118,15 @@ class Site:
     x_batched: bool = False
 
     def __post_init__(self):
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"Site.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if (self.activation == "tanh_srelu") != (self.tanh_clamp_scale is not None):
+        entry = get_activation(self.activation, "Site.activation")
+        if entry.takes_scale != (self.tanh_clamp_scale is not None):
             raise ValueError(
-                f"Site.tanh_clamp_scale must be a float exactly for tanh_srelu, got "
+                f"Site.tanh_clamp_scale must be a float exactly for activations that take a scale, got "
                 f"{self.tanh_clamp_scale!r} with activation {self.activation!r}"
             )
-        if (self.fc1_up_weight is not None or self.gate_second) and self.activation != "swiglu":
-            raise ValueError(f"Site: separate up weight / gate_second only apply to swiglu, got {self.activation!r}")
+        if (self.fc1_up_weight is not None or self.gate_second) and not entry.gated:
+            raise ValueError(f"Site: separate up weight / gate_second only apply to gated activations, "
+                             f"got {self.activation!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,11 @@
-"""The grouped MLP's activations, forward and backward, as Triton kernels: twins of
-``activations.activation_forward`` / ``activations.activation_backward`` (same arguments,
-same return types), operation for operation in fp32 (SPEC 5).
+"""Activations in Triton: the kernels of the activations that have a ``triton_code``. One of
+three activation modules: ``activations.py`` holds the registry and the reference math,
+``compiler/match_activation.py`` the FX spellings.
+
+Twins of ``activations.activation_forward`` / ``activations.activation_backward`` (same
+arguments, same return types), operation for operation in fp32 (SPEC 5). The kernels
+branch on the constexpr ACT, an entry's ``triton_code``; an activation registered
+without one has no kernel here (``_act_code`` raises NotImplementedError).
 
     forward:  D  = bf16(f(float(C)) * p)
     backward: dC = bf16((float(G) * p) * f'(float(C))),  dp = row_sum(float(G) * f(float(C))),
@@ -33,13 +38,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ..activations import ACTIVATIONS
+from ..activations import activation_names, get_activation
 from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 
-_SRELU: tl.constexpr = tl.constexpr(0)
-_TANH_SRELU: tl.constexpr = tl.constexpr(1)
-_SWIGLU: tl.constexpr = tl.constexpr(2)
+# The kernels' branches: the built-in entries' triton_code.
+_SRELU: tl.constexpr = tl.constexpr(get_activation("srelu").triton_code)
+_TANH_SRELU: tl.constexpr = tl.constexpr(get_activation("tanh_srelu").triton_code)
+_SWIGLU: tl.constexpr = tl.constexpr(get_activation("swiglu").triton_code)
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,15 +233,27 @@ def _blocks(F: int) -> tuple[int, int]:
 
 
 def _act_code(activation: str) -> int:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return ACTIVATIONS.index(activation)
+    """The ACT constexpr of `activation`: its registry entry's triton_code."""
+    code = get_activation(activation).triton_code
+    if code is None:
+        raise NotImplementedError(f"activation {activation!r} has no Triton kernel (its triton_code is None); "
+                                  f"the reference (activations.py) runs it")
+    return code
+
+
+def is_gated(act: int) -> bool:
+    """Whether the activation of Triton code `act` is gated (C has 2F columns, [gate | up])."""
+    for name in activation_names():
+        entry = get_activation(name)
+        if entry.triton_code == act:
+            return entry.gated
+    raise ValueError(f"act must be the triton_code of a registered activation; got {act!r}")
 
 
 def _clamp(activation: str, tanh_clamp_scale: Optional[float]) -> float:
-    if activation == "tanh_srelu":
+    if get_activation(activation).takes_scale:
         if tanh_clamp_scale is None or not tanh_clamp_scale > 0:
-            raise ValueError(f"tanh_srelu needs tanh_clamp_scale > 0, got {tanh_clamp_scale!r}")
+            raise ValueError(f"{activation} needs tanh_clamp_scale > 0, got {tanh_clamp_scale!r}")
         return float(tanh_clamp_scale)
     return 1.0
 
@@ -243,7 +261,7 @@ def _clamp(activation: str, tanh_clamp_scale: Optional[float]) -> float:
 @kernel_op("nvfp4_kernels::activation_forward")
 def _activation_forward_op(c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float) -> torch.Tensor:
     tokens, width = c.shape
-    f = width // 2 if act == 2 else width
+    f = width // 2 if is_gated(act) else width
     d = c.new_empty(tokens, f, dtype=torch.bfloat16)
     bm, bf = _blocks(f)
     launch(
@@ -277,8 +295,8 @@ def _check(c: torch.Tensor, activation: str, name: str) -> None:
     if c.dim() != 2 or c.dtype != torch.bfloat16:
         raise NotImplementedError(f"{name}: the Triton kernel takes 2-D bf16 C (GEMM outputs), got "
                                   f"{c.dtype} {tuple(c.shape)}; use activations.{name} for other dtypes")
-    if activation == "swiglu" and c.shape[1] % 2:
-        raise ValueError(f"{name}: swiglu needs an even number of columns, got {c.shape[1]}")
+    if get_activation(activation).gated and c.shape[1] % 2:
+        raise ValueError(f"{name}: {activation} needs an even number of columns (gate and up), got {c.shape[1]}")
 
 
 def activation_forward(
@@ -303,7 +321,7 @@ def activation_backward(
     With probs, F must be a multiple of 16 (row_sum's runs)."""
     _check(c, activation, "activation_backward")
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
-    f = c.shape[1] // 2 if act == 2 else c.shape[1]
+    f = c.shape[1] // 2 if is_gated(act) else c.shape[1]
     if g.shape != (c.shape[0], f):
         raise ValueError(f"activation_backward: g must be ({c.shape[0]}, {f}), got {tuple(g.shape)}")
     if probs is not None and f % 16:

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
-from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math
+from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
 from .dequantize import dequantize_bf16
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
@@ -153,7 +153,7 @@ def epilogue_config(kind: str, act: int, device: torch.device):
     """``bf16_gemm_config(kind)`` for a fused kernel ("act" or "dact"), checked for what the
     epilogues need: BM % 16 == 0 (runs of 16 tokens start at group start + 16k), BN % 16 == 0
     (dprob's runs of 16 columns)."""
-    cfg = bf16_gemm_config(kind, device, swiglu=act == _SWIGLU)
+    cfg = bf16_gemm_config(kind, device, swiglu=is_gated(act))
     if cfg.block_m % 16 or cfg.block_n % 16:
         raise ValueError(f"fused GEMM epilogues need block_m and block_n multiples of 16, got {cfg}")
     return cfg
@@ -169,7 +169,7 @@ def _grouped_gemm_act_op(
     (C (T, F1), D (T, F) bf16, pre (G,), post (G,) fp32; the amaxes are zeros unless want_amax)."""
     tokens, k = a.shape
     groups, f1, _ = b.shape
-    f = f1 // 2 if act == _SWIGLU else f1
+    f = f1 // 2 if is_gated(act) else f1
     c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
     d = a.new_empty(tokens, f, dtype=torch.bfloat16)
     pre = a.new_zeros(groups, dtype=torch.float32)
@@ -217,8 +217,8 @@ def grouped_gemm_act(
     deq() copies of a and b (``dequantize_bf16``) live only inside this call."""
     check_gemm_operands("grouped_gemm_act", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
-    if act == _SWIGLU and b_data.shape[1] % 2:
-        raise ValueError(f"grouped_gemm_act: swiglu needs an even F1, got {b_data.shape[1]}")
+    if is_gated(act) and b_data.shape[1] % 2:
+        raise ValueError(f"grouped_gemm_act: {activation} needs an even F1, got {b_data.shape[1]}")
     if probs is not None and probs.shape != (a_data.shape[0],):
         raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if not 0 <= sign_mask < 2**16:

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
-from .activation import _SWIGLU, _act_code, _clamp, _run_sums, act_bwd_tile
+from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
 from .dequantize import dequantize_bf16
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
@@ -151,7 +151,7 @@ def grouped_gemm_dact(
     check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     f = b_data.shape[1]
-    f1 = 2 * f if act == _SWIGLU else f
+    f1 = 2 * f if is_gated(act) else f
     if c.dtype != torch.bfloat16 or c.shape != (a_data.shape[0], f1):
         raise ValueError(f"grouped_gemm_dact: c must be ({a_data.shape[0]}, {f1}) bf16, got {c.dtype} {tuple(c.shape)}")
     if probs is not None and probs.shape != (a_data.shape[0],):

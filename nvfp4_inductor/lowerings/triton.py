@@ -21,14 +21,20 @@ from ..kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgra
 from .steps import Steps
 
 
+def _reference_activation(c, activation) -> bool:
+    """Other dtypes (fp64 gradcheck) and activations without a Triton kernel
+    (``triton_code`` None) run the reference formulas."""
+    return c.dtype != torch.bfloat16 or activations.get_activation(activation).triton_code is None
+
+
 def activation_forward(c, probs, activation, tanh_clamp_scale=None):
-    if c.dtype != torch.bfloat16:
+    if _reference_activation(c, activation):
         return activations.activation_forward(c, probs, activation, tanh_clamp_scale)
     return _act_fwd_kernel(c, probs, activation, tanh_clamp_scale)
 
 
 def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regenerate=False):
-    if c.dtype != torch.bfloat16:
+    if _reference_activation(c, activation):
         return activations.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
     return _act_bwd_kernel(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
 

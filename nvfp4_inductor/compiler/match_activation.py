@@ -1,18 +1,33 @@
-"""The region between the two GEMMs of a grouped MLP: activation and router probability.
+"""Activations in FX graphs: the registered activations' patterns matched against Dynamo
+nodes. One of three activation modules: ``activations.py`` holds the registry and the
+reference math, ``kernels/activation.py`` the Triton kernels.
 
-Recognised, walking back from the node that feeds fc2 (dtype casts are looked through):
+The region between the two GEMMs of a grouped MLP: activation and router probability.
+Recognised, walking back from the node that feeds fc2 (dtype casts are looked through
+everywhere):
 
     d = f(h) [* p]          p: a (T, 1) column (``p.unsqueeze(-1)``, ``p[:, None]``,
                             ``p.reshape(-1, 1)``), on either side of the multiply
-    srelu:       r**2 | r.pow(2) | torch.pow(r, 2) | r.square() | torch.square(r) | r * r
-                 with r = relu(h)                     (F.relu, torch.relu, h.relu())
-    tanh_srelu:  the same square of  s * tanh(relu(h) / s)  (either operand order of the
-                 outer multiply; s one python float, the same twice)
-    swiglu:      silu(a) * b  (either order), a and b the two halves of one fc1 output
-                 (``h.chunk(2, -1)``, ``h.split(F, -1)``, ``h[..., :F]`` / ``h[..., F:]``)
-                 or the outputs of two separate fc1 GEMMs (gate, up)
 
-and, after fc2 (``match_output_prob``):
+f is the first registered activation whose ``pattern`` (activations.py) the nodes spell,
+each pattern op in any of its spellings:
+
+    square(x)    x**2 | x.pow(2) | torch.pow(x, 2) | x.square() | torch.square(x) | x * x
+                 (one node, or the same op written twice on the same inputs:
+                 relu(h) * relu(h))
+    mul(x, y)    x * y | torch.mul(x, y) | x.mul(y), either operand order
+    div(x, y)    x / y | torch.div(x, y) | x.div(y), no rounding mode
+    relu(x)      F.relu | torch.relu | x.relu(), not inplace
+    silu(x)      F.silu, not inplace
+    tanh(x)      torch.tanh | x.tanh()
+    H            the fc1 output
+    GATE, UP     the two halves of one fc1 output (``h.chunk(2, -1)``, ``h.split(F, -1)``,
+                 ``h[..., :F]`` / ``h[..., F:]``; the gate in the second half sets
+                 ``gate_second``) or the outputs of two separate fc1 GEMMs (gate, up)
+    S            one python float, the same wherever S occurs, > 0
+
+so the built-ins are srelu = square(relu(H)), tanh_srelu = square(mul(S, tanh(div(relu(H),
+S)))) and swiglu = mul(silu(GATE), UP); and, after fc2 (``match_output_prob``):
 
     y = fc2_out [.to(fp32)] * p [.to(bf16)]
 """
@@ -25,6 +40,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from ..activations import PATTERN_OPS, Activation, Op, Var, activation_names, get_activation
 from .nodes import (
     ELEMENTWISE_OR_VIEW,
     Node,
@@ -42,7 +58,7 @@ from .nodes import (
 class ActivationMatch:
     """activation / tanh_clamp_scale: as in Site.
     fc1_outputs: ``(h,)`` the one fc1 output, or ``(gate, up)`` for separate GEMMs.
-    gate_second: swiglu on one fc1 output whose second half goes through silu.
+    gate_second: a gated activation on one fc1 output whose second half is the gate.
     probs: the (T, 1)-shaped prob column multiplied on the activation, or None.
     nodes: the nodes of the region (from the fc1 outputs' users to fc2's input).
     """
@@ -66,17 +82,22 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
         nodes.append(d)
         probs, d = column
         d = strip_casts(d, nodes)
-    result = _square_form(d, nodes) or _swiglu_form(d, nodes, is_gemm)
-    if result is None:
-        return f"activation {describe_region(fc2_input, is_gemm)} is not srelu, tanh_srelu or swiglu"
-    if isinstance(result, str):
-        return result
-    activation, scale, fc1_outputs, gate_second = result
+    reasons: list[str] = []
+    for name in activation_names():
+        found = _match_entry(get_activation(name), d, is_gemm, reasons)
+        if found is not None:
+            break
+    else:
+        names = activation_names()
+        listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+        return reasons[0] if reasons else f"activation {describe_region(fc2_input, is_gemm)} is not {listed}"
+    activation, scale, fc1_outputs, gate_second, region = found
     for h in fc1_outputs:
         if not is_gemm(h):
             return (f"activation input `{h.name}` ({op_name(h)}) is not the output of the fc1 "
                     f"grouped GEMM")
-    return ActivationMatch(activation, scale, fc1_outputs, gate_second, probs, tuple(dict.fromkeys(nodes)))
+    return ActivationMatch(activation, scale, fc1_outputs, gate_second, probs,
+                           tuple(dict.fromkeys([*nodes, *region])))
 
 
 def match_output_prob(fc2_out: Node) -> tuple[Node | None, Node, tuple[Node, ...]]:
@@ -178,96 +199,116 @@ def _column_source(column: Node) -> Node:
     return column
 
 
-# ----------------------------------------------------------------------------- srelu forms
+# ----------------------------------------------------------------------------- patterns
+
+# The canonical callable (nodes.op_of) of each one-operand pattern op.
+_UNARY = {"relu": torch.relu, "silu": F.silu, "tanh": torch.tanh}
+_NO_INPLACE = ("relu", "silu")
+# Ops whose node, written twice on the same inputs, computes the same value twice.
+_PURE = {torch.relu, F.silu, torch.tanh, torch.square, torch.pow, torch.mul, torch.div}
+
+_Found = tuple[dict, tuple]  # (leaf name -> Node or python float, the region's nodes)
 
 
-def _squared(node: Node) -> Node | None:
-    """r when ``node`` is r**2 in one of its spellings."""
-    op = op_of(node)
-    if op is torch.square:
-        return node.args[0]
-    if op is torch.pow and len(node.args) >= 2 and node.args[1] == 2 and isinstance(node.args[0], Node):
-        return node.args[0]
-    if op is torch.mul and len(node.args) >= 2 and isinstance(node.args[0], Node):
-        a, b = node.args[:2]
-        if a is b:
-            return a
-        if is_op(a, torch.relu) and is_op(b, torch.relu) and a.args[0] is b.args[0]:
-            return a  # relu(h) * relu(h), the relu written twice; both are in the region
-    return None
-
-
-def _relu_input(node: Node, nodes: list) -> Node | None:
-    node = strip_casts(node, nodes)
-    if is_op(node, torch.relu) and not node.kwargs.get("inplace", False):
-        nodes.append(node)
-        return node.args[0]
-    return None
-
-
-def _square_form(d: Node, nodes: list):
-    r = _squared(d)
-    if r is None:
+def _match_entry(entry: Activation, d: Node, is_gemm, reasons: list[str]):
+    """``(name, scale, fc1_outputs, gate_second, region nodes)`` when ``d`` computes
+    ``entry``, else None, with a reason appended to ``reasons`` when it nearly does."""
+    scales: list[tuple[float, float]] = []
+    found = _match(entry.pattern, d, ({}, ()), scales)
+    if found is None:
+        reasons.extend(f"{entry.name} scales differ: S is {a!r} and {b!r}; it must be one python float"
+                       for a, b in scales)
         return None
-    nodes.extend(a for a in d.args if isinstance(a, Node) and a is not r and is_op(a, torch.relu))
-    nodes.append(d)
-    h = _relu_input(r, nodes)
-    if h is not None:
-        return "srelu", None, (strip_casts(h, nodes),), False
-    tanh_form = _tanh_clamp(strip_casts(r, nodes), nodes)
-    if tanh_form is None:
+    bound, region = found
+    scale = bound.get("S")
+    if entry.takes_scale and not scale > 0:
+        reasons.append(f"{entry.name} clamp scale must be > 0, got {scale!r}")
         return None
-    return tanh_form
-
-
-def _tanh_clamp(b: Node, nodes: list):
-    """``s * tanh(relu(h) / s)`` -> ("tanh_srelu", s, (h,), False)."""
-    if not is_op(b, torch.mul) or len(b.args) < 2:
-        return None
-    x, y = b.args[:2]
-    s, t = (x, y) if isinstance(x, float) else (y, x)
-    if not isinstance(s, float) or not is_op(t, torch.tanh):
-        return None
-    q = strip_casts(t.args[0], nodes)
-    if not is_op(q, torch.div) or len(q.args) < 2:
-        return None
-    if q.args[1] != s:
-        return f"tanh-SReLU scales differ: s * tanh(relu(h) / {q.args[1]!r}) with s = {s!r}"
-    h = _relu_input(q.args[0], nodes)
-    if h is None:
-        return None
-    if not s > 0:
-        return f"tanh-SReLU clamp scale must be > 0, got {s!r}"
-    nodes.extend((b, t, q))
-    return "tanh_srelu", s, (strip_casts(h, nodes),), False
-
-
-# ----------------------------------------------------------------------------- swiglu forms
-
-
-def _swiglu_form(d: Node, nodes: list, is_gemm):
-    if not is_op(d, torch.mul) or len(d.args) < 2:
-        return None
-    a, b = (strip_casts(x, nodes) if isinstance(x, Node) else x for x in d.args[:2])
-    gate_silu, up = (a, b) if _is_silu(a) else (b, a)
-    if not _is_silu(gate_silu) or not isinstance(up, Node):
-        return None
-    nodes.extend((d, gate_silu))
-    gate = strip_casts(gate_silu.args[0], nodes)
+    if not entry.gated:
+        return entry.name, scale, (bound["H"],), False, region
+    gate, up = bound["GATE"], bound["UP"]
     if is_gemm(gate) and is_gemm(up):
-        return "swiglu", None, (gate, up), False
-    gate_half, up_half = _half(gate, nodes), _half(up, nodes)
+        return entry.name, scale, (gate, up), False, region
+    halves: list[Node] = []
+    gate_half, up_half = _half(gate, halves), _half(up, halves)
     if gate_half is None or up_half is None:
         return None
     (g_src, g_idx), (u_src, u_idx) = gate_half, up_half
     if g_src is not u_src or {g_idx, u_idx} != {0, 1}:
-        return "swiglu gate and up are not the two halves of one fc1 output"
-    return "swiglu", None, (g_src,), g_idx == 1
+        reasons.append(f"{entry.name} gate and up are not the two halves of one fc1 output")
+        return None
+    return entry.name, scale, (g_src,), g_idx == 1, (*region, *halves)
 
 
-def _is_silu(node) -> bool:
-    return is_op(node, F.silu) and not (isinstance(node, Node) and node.kwargs.get("inplace", False))
+def _match(pattern: Op | Var, value, found: _Found, scales: list) -> _Found | None:
+    """``found`` extended by ``value`` (casts looked through) computing ``pattern``, or None.
+    Pairs of different floats that S would be bound to are appended to ``scales``."""
+    bound, region = found
+    casts: list[Node] = []
+    value = strip_casts(value, casts)
+    region = (*region, *casts)
+    if isinstance(pattern, Var):
+        return _bind(pattern.name, value, (bound, region), scales)
+    if not isinstance(value, Node):
+        return None
+    for operands, extra in _spellings(pattern.name, value):
+        attempt = (bound, (*region, value, *extra))
+        for sub, operand in zip(pattern.args, operands):
+            attempt = _match(sub, operand, attempt, scales)
+            if attempt is None:
+                break
+        else:
+            return attempt
+    return None
 
+
+def _bind(name: str, value, found: _Found, scales: list) -> _Found | None:
+    """Bind leaf ``name`` to ``value``: S to a python float, the others to a node; a leaf
+    seen before must get the same value (the same float, the same node)."""
+    bound, region = found
+    if not isinstance(value, float if name == "S" else Node):
+        return None
+    if name not in bound:
+        return {**bound, name: value}, region
+    if bound[name] is value or name == "S" and bound[name] == value:
+        return found
+    if name == "S":
+        scales.append((bound[name], value))
+    return None
+
+
+def _spellings(name: str, node: Node) -> list[tuple[tuple, tuple]]:
+    """The ways ``node`` computes the pattern op ``name``: (its operands, other nodes of
+    the region) for each."""
+    op, args = op_of(node), node.args
+    if name in _UNARY:
+        inplace = name in _NO_INPLACE and arg(node, 1, "inplace", False)
+        return [((arg(node, 0, "input"),), ())] if op is _UNARY[name] and not inplace else []
+    if name == "square":
+        if op is torch.square or (op is torch.pow and len(args) >= 2 and args[1] == 2):
+            return [((args[0],), ())]
+        if op is torch.mul and len(args) >= 2:
+            a, b = args[:2]
+            if a is b:
+                return [((a,), ())]
+            if _recomputes(a, b):
+                return [((a,), (b,))]  # relu(h) * relu(h): both relus are in the region
+        return []
+    if name == "mul":
+        return [((args[0], args[1]), ()), ((args[1], args[0]), ())] if op is torch.mul and len(args) >= 2 else []
+    if name == "div":
+        plain = op is torch.div and len(args) >= 2 and node.kwargs.get("rounding_mode") is None
+        return [((args[0], args[1]), ())] if plain else []
+    raise AssertionError(f"pattern op {name!r} has no spellings here; activations.PATTERN_OPS is {PATTERN_OPS}")
+
+
+def _recomputes(a, b) -> bool:
+    """``b`` is a second node of the same pure op on the same inputs as ``a``."""
+    return (isinstance(a, Node) and isinstance(b, Node) and op_of(a) in _PURE and op_of(a) is op_of(b)
+            and a.args == b.args and a.kwargs == b.kwargs)
+
+
+# ----------------------------------------------------------------------------- gated halves
 
 def _half(node: Node, nodes: list) -> tuple[Node, int] | None:
     """``(h, 0 | 1)`` when ``node`` is the first / second half of h along its last dim."""

@@ -1,0 +1,267 @@
+"""The activation registry (activations.py): an activation added from outside the package,
+the registry's errors, and the built-in entries' reference math bit for bit.
+
+* Plain ReLU (f = relu(c), f' = (c > 0); not gated, no scale, no Triton code, pattern
+  relu(H)), registered from this file alone, is recognised in a token-permutation MoE block
+  (explain shows the site), and compiled with the nvfp4 backend it equals eager NVFP4 bit
+  for bit in the output and every gradient, with the router prob on the activation or on
+  the fc2 output; the same through ``GroupedMLP(activation="relu")``.
+* Unknown names, duplicate names and Triton codes, and patterns that do not fit the entry
+  raise ValueErrors that name what is wrong.
+* Each built-in entry's forward / backward, and activation_forward / activation_backward
+  through them, give the bytes of the formulas written out below (the code before the
+  registry), on bf16 inputs with negatives, +-0, tiny and huge values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import moe_models as mm
+import nvfp4_inductor as nv
+from _assertions import assert_bytes_equal
+from nvfp4_inductor.activations import (
+    PATTERN_OPS,
+    Activation,
+    H,
+    activation_backward,
+    activation_forward,
+    activation_names,
+    get_activation,
+    op,
+    register_activation,
+    unregister_activation,
+)
+
+
+def _relu_forward(c, scale):
+    return torch.relu(c)
+
+
+def _relu_backward(gp, c, scale):
+    return gp * (c > 0).to(c.dtype), torch.relu(c)
+
+
+RELU = Activation("relu", gated=False, takes_scale=False, forward=_relu_forward, backward=_relu_backward,
+                  pattern=op("relu", H))
+
+
+@pytest.fixture
+def relu_registered():
+    register_activation(RELU)
+    yield RELU
+    unregister_activation("relu")
+
+
+class ReluMoE(nn.Module):
+    """A token-permutation MoE block: router, tokens sorted by expert, fc1 and fc2 as two
+    ``torch._grouped_mm`` sharing the offsets, relu between them, the router prob multiplied
+    on the activation ("act") or on the fc2 output ("out"), un-permute."""
+
+    def __init__(self, prob: str):
+        super().__init__()
+        self.router, self.prob = mm.Router(), prob
+        self.fc1, self.fc2 = mm._param(mm.G, mm.FF, mm.H), mm._param(mm.G, mm.H, mm.FF)
+
+    def forward(self, x):
+        weights, ids = self.router(x)
+        expert_ids = ids.reshape(-1)
+        perm = torch.argsort(expert_ids, stable=True)
+        token = torch.arange(x.shape[0]).unsqueeze(1).expand(-1, ids.shape[1]).reshape(-1)[perm]
+        p = weights.reshape(-1)[perm]
+        counts = torch.histc(expert_ids.float(), bins=mm.G, min=0, max=mm.G - 1)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        d = torch.relu(torch._grouped_mm(x[token], self.fc1.transpose(-2, -1), offs=offs))
+        if self.prob == "act":
+            d = d * p.unsqueeze(-1)
+        y = torch._grouped_mm(d, self.fc2.transpose(-2, -1), offs=offs)
+        if self.prob == "out":
+            y = y * p.unsqueeze(-1)
+        return torch.zeros_like(x).index_add(0, token, y)
+
+    def inputs(self, seed):
+        return (mm._x(seed, mm.T // mm.TOP_K, mm.H).requires_grad_(),)
+
+
+# ---------------------------------------------------------------------------------------
+# An activation registered from outside the package
+
+
+@pytest.mark.parametrize("prob", ["act", "out"])
+def test_registered_relu_is_recognised_and_compiled_bitwise(relu_registered, prob):
+    torch.manual_seed(0)
+    model = ReluMoE(prob)
+    report = nv.explain(model, *model.inputs(0))
+    assert [(s.spelling, s.activation) for s in report.sites] == [("token_permutation", "relu")], str(report)
+    assert report.rejected == []
+    compared = nv.compare(model, *model.inputs(1), compiler="aot_eager")
+    assert compared.bitwise, str(compared)
+    assert len(compared.rows) == 1 + 4  # output; grads of x, router, fc1, fc2
+
+
+def test_registered_relu_grouped_mlp_module_compiled_bitwise(relu_registered):
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(4, 32, 48, "relu")
+    assert mlp.fc1_weight.shape == (4, 48, 32)  # not gated: F1 = F
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(64, requires_grad=True)
+    compared = nv.compare(mlp, x, torch.tensor([10, 0, 31, 23]), probs, compiler="aot_eager")
+    assert compared.bitwise, str(compared)
+
+
+def test_registered_relu_runs_the_reference_on_the_triton_target(relu_registered):
+    """No triton_code: the Triton lowering's activation steps run the entry's formulas."""
+    from nvfp4_inductor.lowerings import triton as triton_lowering
+
+    gen = torch.Generator().manual_seed(0)
+    c = torch.randn(32, 48, generator=gen).bfloat16()
+    g = torch.randn(32, 48, generator=gen).bfloat16()
+    probs = torch.rand(32, generator=gen)
+    d = triton_lowering.activation_forward(c, probs, "relu")
+    assert_bytes_equal(d, (torch.relu(c.float()) * probs[:, None]).bfloat16(), "relu D")
+    dc, dp, d_regen = triton_lowering.activation_backward(g, c, probs, "relu", regenerate=True)
+    assert_bytes_equal(dc, ((g.float() * probs[:, None]) * (c > 0).float()).bfloat16(), "relu dC")
+    assert_bytes_equal(dp, activation_backward(g, c, probs, "relu")[1], "relu dp")
+    assert_bytes_equal(d_regen, d, "relu regenerated D")
+
+
+def test_unregistered_name_is_unknown_again(relu_registered):
+    assert activation_names() == ("srelu", "tanh_srelu", "swiglu", "relu")
+    unregister_activation("relu")
+    try:
+        assert activation_names() == ("srelu", "tanh_srelu", "swiglu")
+        with pytest.raises(ValueError, match="^activation must be one of"):
+            nv.GroupedMLP(4, 32, 48, "relu")
+    finally:
+        register_activation(RELU)  # for the fixture's unregister
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+
+
+def test_unknown_name_names_the_argument_and_the_known_names():
+    with pytest.raises(ValueError, match=r"^activation must be one of \('srelu', 'tanh_srelu', 'swiglu'\); "
+                                         r"got 'gelu'$"):
+        get_activation("gelu")
+    with pytest.raises(ValueError, match=r"^Site\.activation must be one of"):
+        get_activation("gelu", "Site.activation")
+    with pytest.raises(ValueError, match="^activation must be one of"):
+        unregister_activation("gelu")
+
+
+def test_duplicate_registration_raises(relu_registered):
+    with pytest.raises(ValueError, match="'relu' is already registered"):
+        register_activation(RELU)
+    srelu = get_activation("srelu")
+    with pytest.raises(ValueError, match="triton_code 0 of 'srelu2' is 'srelu'"):
+        register_activation(Activation("srelu2", False, False, srelu.forward, srelu.backward, srelu.pattern,
+                                       triton_code=0))
+    assert activation_names() == ("srelu", "tanh_srelu", "swiglu", "relu")
+
+
+@pytest.mark.parametrize("gated,takes_scale,pattern,match", [
+    (True, False, op("relu", H), r"must use exactly \['GATE', 'UP'\]"),
+    (False, True, op("relu", H), r"must use exactly \['H', 'S'\]"),
+    (False, False, H, "must be an Op"),
+])
+def test_pattern_must_fit_the_entry(gated, takes_scale, pattern, match):
+    with pytest.raises(ValueError, match=match):
+        Activation("bad", gated, takes_scale, _relu_forward, _relu_backward, pattern)
+
+
+def test_pattern_ops_are_checked():
+    with pytest.raises(ValueError, match="^Op must be one of"):
+        op("gelu", H)
+    with pytest.raises(ValueError, match="^Op must be one of"):
+        op("mul", H)
+
+
+def test_matcher_spells_every_pattern_op():
+    """compiler/match_activation.py knows a spelling of every op a pattern may use."""
+    from nvfp4_inductor.compiler.match_activation import _spellings
+
+    node = torch.fx.Graph().placeholder("x")
+    for name in PATTERN_OPS:
+        assert _spellings(name, node) == []  # no AssertionError: the op is known
+
+
+# ---------------------------------------------------------------------------------------
+# The built-ins' reference math, bit for bit against the formulas written out
+
+
+def _formula_forward(c, activation, s):
+    if activation == "srelu":
+        r = torch.relu(c)
+        return r * r
+    if activation == "tanh_srelu":
+        b = s * torch.tanh(torch.relu(c) / s)
+        return b * b
+    a, u = c.chunk(2, dim=-1)
+    return (a * torch.sigmoid(a)) * u
+
+
+def _formula_backward(gp, c, activation, s):
+    """(dc, f) from gp = G * p and c, in fp32."""
+    if activation == "swiglu":
+        a, u = c.chunk(2, dim=-1)
+        sg = torch.sigmoid(a)
+        si = a * sg
+        return torch.cat((gp * (u * (sg * (1 + a * (1 - sg)))), gp * si), dim=-1), si * u
+    if activation == "srelu":
+        r = torch.relu(c)
+        return gp * (2 * r), r * r
+    t = torch.tanh(torch.relu(c) / s)
+    b = s * t
+    return gp * ((2 * b) * (1 - t * t)), b * b
+
+
+def _bf16_values(seed, t, n):
+    """Random bf16 (t, n) with negatives, +-0, tiny and huge values planted in every row."""
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.randn(t, n, generator=gen) * torch.logspace(-3, 3, n)[torch.randperm(n, generator=gen)]
+    special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e4, -3e4, 1e30, -1e30])
+    v[:, :len(special)] = special
+    return v.bfloat16()
+
+
+BUILTINS = [("srelu", None), ("tanh_srelu", 3.0), ("tanh_srelu", 0.5), ("swiglu", None)]
+
+
+@pytest.mark.parametrize("activation,s", BUILTINS, ids=[f"{a}-{s}" for a, s in BUILTINS])
+def test_builtin_entry_math_is_the_written_out_formula(activation, s):
+    entry = get_activation(activation)
+    f = 48
+    c = _bf16_values(10, 64, 2 * f if entry.gated else f).float()
+    gp = _bf16_values(11, 64, f).float() * torch.rand(64, 1, generator=torch.Generator().manual_seed(12))
+    assert_bytes_equal(entry.forward(c, s), _formula_forward(c, activation, s), f"{activation} forward")
+    for got, want, name in zip(entry.backward(gp, c, s), _formula_backward(gp, c, activation, s), ("dc", "f")):
+        assert_bytes_equal(got, want, f"{activation} backward {name}")
+
+
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "noprobs"])
+@pytest.mark.parametrize("activation,s", BUILTINS, ids=[f"{a}-{s}" for a, s in BUILTINS])
+def test_builtin_chain_is_the_written_out_formula(activation, s, with_probs):
+    """activation_forward / activation_backward: D, dC, dp and the regenerated D."""
+    f = 48
+    gated = get_activation(activation).gated
+    c, g = _bf16_values(20, 64, 2 * f if gated else f), _bf16_values(21, 64, f)
+    probs = torch.rand(64, generator=torch.Generator().manual_seed(22)) if with_probs else None
+    p = probs.unsqueeze(1) if with_probs else None
+    f_ = _formula_forward(c.float(), activation, s)
+    d = (f_ * p if with_probs else f_).bfloat16()
+    assert_bytes_equal(activation_forward(c, probs, activation, s), d, "D")
+    gp = g.float() * p if with_probs else g.float()
+    dc, f_ = _formula_backward(gp, c.float(), activation, s)
+    got_dc, got_dp, got_d = activation_backward(g, c, probs, activation, s, regenerate=True)
+    assert_bytes_equal(got_dc, dc.bfloat16(), "dC")
+    assert_bytes_equal(got_d, d, "regenerated D")
+    if with_probs:
+        from nvfp4_inductor.activations import row_sum
+
+        assert_bytes_equal(got_dp, row_sum(g.float() * f_), "dp")
+    else:
+        assert got_dp is None
