@@ -265,3 +265,18 @@ def test_builtin_chain_is_the_written_out_formula(activation, s, with_probs):
         assert_bytes_equal(got_dp, row_sum(g.float() * f_), "dp")
     else:
         assert got_dp is None
+
+
+def test_triton_target_fuses_only_activations_with_triton_code(relu_registered):
+    """An activation without Triton code is planned on the Triton target with its unfused
+    steps (whose activation wrappers run the reference formulas), never its fused kernels."""
+    from nvfp4_inductor.lowerings import SiteSpec, get_target
+    from nvfp4_inductor.lowerings.policy import plan_with
+
+    caps = get_target("triton").probe(torch.device("cpu"))  # the interpreter runs the kernels here
+    if isinstance(caps, str):
+        pytest.skip(caps)
+    assert {"srelu", "tanh_srelu", "swiglu"} <= caps.fused_activations and "relu" not in caps.fused_activations
+    plan, why = plan_with("triton", caps, SiteSpec("relu", torch.device("cuda"), (9, 0)), nv.Recipe())
+    assert (plan.fused_fc1, plan.fused_amax, plan.fused_dgrad) == (False, False, False)
+    assert "no fused kernel for relu" in why
