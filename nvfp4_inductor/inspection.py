@@ -282,6 +282,9 @@ class ExplainReport:
                        "rewritten. Each place, with how often Dynamo broke there while tracing:")
             out.append(format_table(["where", "times", "what", "fix"],
                                     [[b.location, b.times, b.what, b.fix or "-"] for b in self.graph_breaks]))
+        elif self.graphs > 1:
+            out.append(f"\n{self.graphs} graphs, but Dynamo logged no graph break: a recompile, or a torch whose "
+                       "Dynamo words its graph-break log differently (TORCH_LOGS=graph_breaks prints it)")
         return "\n".join(out)
 
 

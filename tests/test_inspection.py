@@ -173,6 +173,13 @@ def test_graph_breaks_of_transformers_eager_experts_are_grouped_with_the_fix():
     assert f"{sum(b.times for b in report.graph_breaks)} graph break(s) at {len(report.graph_breaks)} place(s)" in text
 
 
+def test_several_graphs_without_a_recorded_break_are_not_passed_over():
+    from nvfp4_inductor.inspection import ExplainReport
+
+    assert "2 graphs, but Dynamo logged no graph break" in str(ExplainReport([], [], [], graphs=2))
+    assert "logged no graph break" not in str(ExplainReport([], [], [], graphs=1))
+
+
 def test_graph_break_on_bincount_suggests_histc():
     model = SparseMoeBlock(HFGroupedMMExperts("swiglu_chunk", counts="bincount"))
     report = nv.explain(model, *model.inputs(0))
