@@ -60,11 +60,13 @@ def triton_here() -> str:
 def fused_step(x, w1, w2, sizes, probs, dy, activation, clamp, recompute, target, *, backward=True):
     """The fused forward op, then the backward ops, with every fused kernel planned,
     RHT, the default sign mask and stochastic rounding; returns (forward outputs, grads)."""
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, activation, clamp, True, RHT_DEFAULT_SIGN_MASK, True, True,
-                                recompute, target, True, True, True)
+    options = fused.BackwardOptions(activation=activation, tanh_clamp_scale=clamp, rht=True,
+                                    sign_mask=RHT_DEFAULT_SIGN_MASK, stochastic_rounding=True, recompute=recompute,
+                                    target=target, fused_dgrad=True)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=True,
+                                fused_amax=True)
     if not backward:
         return fwd, None
-    options = fused.BackwardOptions(activation, clamp, True, RHT_DEFAULT_SIGN_MASK, True, recompute, target, True)
     return fwd, fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
 
 

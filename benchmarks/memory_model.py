@@ -89,10 +89,11 @@ def main() -> None:
     x, dy = torch.empty(t, h, dtype=torch.bfloat16), torch.empty(t, h, dtype=torch.bfloat16)
     w1, w2 = torch.empty(g, f1, h, dtype=torch.bfloat16), torch.empty(g, h, f, dtype=torch.bfloat16)
     probs = torch.rand(t)
-    options = (args.activation, clamp, True, RHT_DEFAULT_SIGN_MASK)
+    options = dict(activation=args.activation, tanh_clamp_scale=clamp, rht=True, sign_mask=RHT_DEFAULT_SIGN_MASK,
+                   stochastic_rounding=True, recompute=args.recompute, target=target, fused_dgrad=True)
     with LiveBytes() as mode:  # the op bodies: a mode sees a custom op as one call
-        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, *options, True, True, args.recompute,
-                                                   target, True, True, True)
+        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, **options, block_2d=True,
+                                                   fused_fc1=True, fused_amax=True)
         forward_peak, after_forward = mode.peak, mode.now
         # the backward's three ops (fused.grouped_mlp_bwd), each saved tensor dropped after
         # its last reader as the compiled backward does
@@ -102,7 +103,7 @@ def main() -> None:
         d_col = (s.d_col_amax, s.d_col_data, s.d_col_scale)
         del saved, s
         dw2, dprobs, *dcq = fused.grouped_mlp_bwd_fc2._init_fn(dy, c, probs, sizes, offsets, *w2_col, *d_col,
-                                                               *options, True, args.recompute, target, True)
+                                                               **options)
         del c, w2_col, d_col
         dw1 = ops.grouped_gemm_wgrad_op._init_fn(*dcq[3:], *x_col, offsets, target)
         del x_col, dcq[3:]

@@ -1,14 +1,27 @@
 """Look inside and check: ``explain``, ``dump_code``, ``compare``.
 
-Each compiles `fn` afresh (``torch._dynamo.reset()`` first, so nothing cached from an
-earlier compile answers for it) and prints a table when printed.
+Each compiles `fn` afresh and leaves what the caller compiled alone (``compile_apart``):
+its first frame runs a copy of `fn`'s code object, and where torch has them (2.13+) its
+entries live in a recompile region of their own, so no cached entry of an earlier compile
+answers for it and nothing is thrown away (no ``torch._dynamo.reset()``): a model
+compiled before runs afterwards without recompiling. Two things Dynamo keeps per
+function, not per compile, are shared: a frame an earlier compile gave up on ("skipping
+the function") is skipped here too, so its graph breaks are not listed again, and sizes
+seen with other values before may be traced as dynamic. The reports print as tables.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import inspect
+import logging
 import math
 import pathlib
+import re
+import shutil
+import types
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,6 +39,191 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _options(recipe: Optional[Recipe], recompute: bool, compiler: str = "inductor") -> BackendOptions:
+    return BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
+
+
+# ---------------------------------------------------------------------------------------
+# compiling without touching the caller's compiled code
+
+_ISOLATE = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+
+
+def compile_apart(fn: Callable, backend) -> Callable:
+    """``torch.compile(fn, backend=backend)`` that neither finds nor disturbs what the
+    caller compiled.
+
+    Dynamo keeps compiled code on the code object a frame runs, guarded by the backend
+    (an entry compiled for another backend never answers). Here the first frame runs a
+    copy of `fn`'s code (``_fresh_code``), so nothing is cached on the caller's; code
+    after a graph break is entered as its own frame, on the caller's code objects, where
+    torch 2.13's ``isolate_recompiles`` keeps these entries in a region of their own (on
+    older torch they count towards that code's recompile limit, 8 by default)."""
+    return torch.compile(_fresh_code(fn), backend=backend, **({"isolate_recompiles": True} if _ISOLATE else {}))
+
+
+def _copy_function(f: types.FunctionType) -> types.FunctionType:
+    copy_ = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    copy_.__kwdefaults__, copy_.__dict__ = f.__kwdefaults__, dict(f.__dict__)
+    return copy_
+
+
+def _fresh_code(fn: Callable) -> Callable:
+    """`fn` running a copy of its code object, so its first frame is compiled apart. A
+    module becomes a shallow copy (the same parameters, buffers, submodules and hooks)
+    whose forward is a copy; a module or function compiled with torch.compile is
+    unwrapped first. Graphs, their names and source locations are those of `fn`."""
+    fn = getattr(fn, "_orig_mod", fn)  # torch.compile(module)
+    fn = torch._dynamo.eval_frame.innermost_fn(fn)  # torch.compile(function)
+    if isinstance(fn, torch.nn.Module) and isinstance(fn.forward, types.MethodType) and fn.forward.__self__ is fn:
+        clone = copy.copy(fn)
+        clone.forward = types.MethodType(_copy_function(fn.forward.__func__), clone)
+        return clone
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return types.MethodType(_copy_function(fn.__func__), fn.__self__)
+    if isinstance(fn, types.FunctionType):
+        return _copy_function(fn)
+
+    def nvfp4_inspect(*args, **kwargs):  # any other callable: a new function calling it
+        return fn(*args, **kwargs)
+
+    return _copy_function(nvfp4_inspect)
+
+
+class _PerGraph:
+    """What a backend learned about each graph it compiled, the last attempt per frame
+    compile: Dynamo may restart a frame's analysis after calling the backend (e.g. to
+    specialise a float it had made symbolic), and only the last attempt's graph runs."""
+
+    def __init__(self):
+        self._by_compile = {}
+
+    def add(self, value) -> None:
+        self._by_compile[str(torch._guards.CompileContext.current_compile_id())] = value
+
+    def __iter__(self):
+        return iter(self._by_compile.values())
+
+    def __len__(self) -> int:
+        return len(self._by_compile)
+
+
+# ---------------------------------------------------------------------------------------
+# graph breaks
+
+
+@dataclasses.dataclass
+class GraphBreak:
+    """Where Dynamo broke the graph, grouped by place and kind."""
+
+    location: str  # file:line of the user code that broke
+    times: int  # how often Dynamo broke there while tracing (each retry of each frame counts)
+    what: str  # Dynamo's kind of break (and the op, where it names one)
+    fix: str  # what removes it, where known ("" where not)
+
+
+_AT_LINE = re.compile(r"in user code at (.+?):(\d+)\s*$", re.M)
+_FRAME = re.compile(r'File "(.+?)", line (\d+)')
+
+
+class _BreakRecorder(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.breaks: list[tuple[str, int, str]] = []  # (file, line, reason)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        at = _AT_LINE.search(message)
+        if at:  # symbolic_convert: "Graph break ... in user code at FILE:LINE\nGraph Break Reason: ..."
+            reason = message.split("Graph Break Reason: ", 1)[-1].split("\nUser code traceback:", 1)[0]
+            self.breaks.append((at[1], int(at[2]), reason))
+            return
+        frames = _FRAME.findall(message)  # convert_frame: the frame is skipped; the stack, then the error
+        error = record.exc_info[1] if record.exc_info else None
+        reason = getattr(error, "msg", None) or str(error or message.splitlines()[0])
+        file, line = frames[-1] if frames else ("<unknown>", 0)
+        self.breaks.append((file, int(line), reason))
+
+
+@contextlib.contextmanager
+def _recording_graph_breaks():
+    """Record every graph break Dynamo logs while the block runs (its ``graph_breaks``
+    log, switched on here and restored after; nothing is printed unless the caller had
+    that log on already)."""
+    from torch._dynamo import convert_frame, symbolic_convert
+
+    recorder = _BreakRecorder()
+    loggers = [log for log in (getattr(m, "graph_break_log", None) for m in (symbolic_convert, convert_frame)) if log]
+    saved = [(log, log.level, log.propagate) for log in loggers]
+    for log in loggers:
+        log.addHandler(recorder)
+        if not log.isEnabledFor(logging.DEBUG):
+            log.setLevel(logging.DEBUG)
+            log.propagate = False
+    try:
+        yield recorder
+    finally:
+        for log, level, propagate in saved:
+            log.removeHandler(recorder)
+            log.setLevel(level)
+            log.propagate = propagate
+
+
+def _kind(reason: str) -> tuple[str, str]:
+    """(what, Dynamo's hint) from a graph-break reason: the break's kind after Dynamo's
+    framing lines, with its op where Dynamo names a short one."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    while len(lines) > 1 and lines[0].endswith(":") and "graph break" in lines[0].lower():
+        lines.pop(0)  # "Encountered graph break when attempting to trace CALL: ...:", "... Graph break encountered:"
+    if not lines:
+        return "unknown", ""
+
+    def field(name):
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name + ":")), "")
+
+    context = field("Developer debug context")
+    what = f"{lines[0]} ({context})" if context and len(context) <= 40 else lines[0]
+    return what, field("Hint")
+
+
+def _modules(fn) -> list[torch.nn.Module]:
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    return list(owner.modules()) if isinstance(owner, torch.nn.Module) else []
+
+
+def _code_holds(code: types.CodeType, file: str, line: int) -> bool:
+    lines = [n for *_, n in code.co_lines() if n is not None]
+    return code.co_filename == file and bool(lines) and min(lines) <= line <= max(lines)
+
+
+def _fix(modules: list[torch.nn.Module], file: str, line: int, what: str) -> str:
+    """Our advice for a break, where we know one."""
+    for module in modules:
+        implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        forward = getattr(type(module).forward, "__wrapped__", None)  # transformers' use_experts_implementation
+        if implementation not in (None, "grouped_mm") and forward is not None and _code_holds(
+                forward.__code__, file, line):
+            return (f'model.set_experts_implementation("grouped_mm") (transformers experts; now "{implementation}", '
+                    'a per-expert loop)')
+    if "bincount" in what:
+        return "count the rows per expert with torch.histc(ids.float(), bins=G, min=0, max=G - 1): no data-dependent size"
+    return ""
+
+
+def _group_breaks(fn, breaks: list[tuple[str, int, str]]) -> list[GraphBreak]:
+    modules = _modules(fn)
+    grouped: dict[tuple[str, int, str], list] = {}
+    for file, line, reason in breaks:
+        what, hint = _kind(reason)
+        entry = grouped.setdefault((file, line, what), [0, hint])
+        entry[0] += 1
+    out = []
+    for (file, line, what), (times, hint) in grouped.items():
+        fix = _fix(modules, file, line, what) or (f"Dynamo: {hint}" if hint else "")
+        out.append(GraphBreak(f"{pathlib.Path(file).name}:{line}", times, what, fix))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -53,12 +251,14 @@ class SiteReport:
 class ExplainReport:
     sites: list[SiteReport]
     rejected: list[tuple[str, str, str]]  # (location, spelling, reason)
-    graph_breaks: list[str]
+    graph_breaks: list[GraphBreak]
     graphs: int
 
     def __str__(self) -> str:
+        breaks = sum(b.times for b in self.graph_breaks)
         out = [f"nvfp4 explain: {self.graphs} graph(s), {len(self.sites)} grouped MLP(s) rewritten, "
-               f"{len(self.rejected)} rejected, {len(self.graph_breaks)} graph break(s)"]
+               f"{len(self.rejected)} rejected, {breaks} graph break(s)"
+               + (f" at {len(self.graph_breaks)} place(s)" if self.graph_breaks else "")]
         if self.sites:
             out.append(format_table(
                 ["#", "site", "spelling", "activation", "target", "saved for bwd"],
@@ -78,9 +278,13 @@ class ExplainReport:
             out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
         if self.graph_breaks:
             out.append("\ngraph breaks: Dynamo split the code, and what runs between the graphs is not compiled. "
-                       "An expert loop broken this way (e.g. per-expert torch.where/nonzero on the routing) "
-                       "runs its experts outside any graph, so they cannot be rewritten:")
-            out.extend(f"  - {b}" for b in self.graph_breaks)
+                       "An expert loop broken this way runs its experts outside any graph, so they cannot be "
+                       "rewritten. Each place, with how often Dynamo broke there while tracing:")
+            out.append(format_table(["where", "times", "what", "fix"],
+                                    [[b.location, b.times, b.what, b.fix or "-"] for b in self.graph_breaks]))
+        elif self.graphs > 1:
+            out.append(f"\n{self.graphs} graphs, but Dynamo logged no graph break: a recompile, or a torch whose "
+                       "Dynamo words its graph-break log differently (TORCH_LOGS=graph_breaks prints it)")
         return "\n".join(out)
 
 
@@ -130,91 +334,136 @@ def _specialisation(site) -> str:
 
 
 def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, **kwargs) -> ExplainReport:
-    """Compile `fn` with the nvfp4 backend, run it on `args`, and report every grouped MLP
+    """Compile `fn` with the nvfp4 backend's rewrite (``compile_apart``: the caller's
+    compiled code stays), run it on `args` / `kwargs`, and report every grouped MLP
     found (where, which spelling, target and why, the steps forward and backward, what is
-    saved for backward) and every near-miss with the reason it was not rewritten."""
-    options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
-    reports: list[SiteReport] = []
-    rejected: list[tuple[str, str, str]] = []
-    graphs = 0
+    saved for backward), every near-miss with the reason it was not rewritten, and the
+    graph breaks, grouped by place, with a fix where one is known."""
+    options = _options(recipe, recompute)
+    graphs = _PerGraph()  # (site reports, rejections) of each graph
 
     def recording_backend(gm, example_inputs, **kw):
-        nonlocal graphs
-        graphs += 1
         record = backend_mod.rewrite_graph(gm, options)
-        for (site, plan), node in zip(record.sites, record.call_nodes):
-            reports.append(_site_report(site, plan, node, options))
-        rejected.extend((r.location, r.spelling, r.reason) for r in record.rejections)
+        graphs.add(([_site_report(site, plan, node, options) for (site, plan), node in zip(record.sites,
+                                                                                            record.call_nodes)],
+                    [(r.location, r.spelling, r.reason) for r in record.rejections]))
         return gm.forward
 
-    torch._dynamo.reset()
-    torch.compile(fn, backend=recording_backend)(*args, **kwargs)
-    torch._dynamo.reset()
-    dynamo = torch._dynamo.explain(fn)(*args, **kwargs)
-    breaks = [_describe_break(b) for b in dynamo.break_reasons]
-    breaks += ["(reason not recorded by Dynamo)"] * max(0, dynamo.graph_break_count - len(breaks))
-    torch._dynamo.reset()
-    return ExplainReport(reports, rejected, breaks, graphs)
-
-
-def _describe_break(reason) -> str:
-    where = ""
-    if getattr(reason, "user_stack", None):
-        frame = reason.user_stack[-1]
-        where = f" at {pathlib.Path(frame.filename).name}:{frame.lineno}"
-    return f"{reason.reason.splitlines()[0]}{where}"
+    with _recording_graph_breaks() as recorder:
+        compile_apart(fn, recording_backend)(*args, **kwargs)
+    return ExplainReport([s for sites, _ in graphs for s in sites], [r for _, rejected in graphs for r in rejected],
+                         _group_breaks(fn, recorder.breaks), len(graphs))
 
 
 # ---------------------------------------------------------------------------------------
 # dump_code
 
+DUMP_MARK = ".nvfp4_dump_code"
 
-def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recompute: bool = True) -> list[pathlib.Path]:
-    """Compile and run `fn` (forward, and backward when the output needs grad) under
-    depyf, which writes the Dynamo graph, the forward/backward graphs and Inductor's
-    generated code to `path`; returns the files written."""
+
+def _dump_folder(path) -> pathlib.Path:
+    """`path`, empty: a folder an earlier ``dump_code`` wrote (it holds DUMP_MARK) is
+    emptied; any other folder with files in it is refused, and nothing is deleted."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"dump_code: path must be a folder; {str(path)!r} is a file")
+    if path.exists() and any(path.iterdir()):
+        if not (path / DUMP_MARK).is_file():
+            raise ValueError(f"dump_code: folder {str(path)!r} holds files that dump_code did not write; "
+                             "give a new or empty folder (nothing was deleted)")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / DUMP_MARK).write_text("written by nvfp4_inductor.dump_code, which empties this folder when it "
+                                  "writes here again\n")
+    return path
+
+
+def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recompute: bool = True,
+              compiler: str = "inductor", **kwargs) -> list[pathlib.Path]:
+    """Compile and run `fn` on `args` / `kwargs` with the nvfp4 backend (forward, and
+    backward when an output needs grad) under depyf, which writes the Dynamo graph, the
+    forward/backward graphs and Inductor's generated code to the folder `path`; returns
+    the files written. A folder an earlier dump_code wrote is emptied first, so old and
+    new files never mix; a folder holding anything else is refused. The fused ops'
+    options read by name in the graphs and the code (``activation='swiglu', rht=True``)."""
     import depyf
 
-    path = pathlib.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend_mod.backend(recipe=recipe, recompute=recompute))
+    options = _options(recipe, recompute, compiler)
+    path = _dump_folder(path)
+    compiled = compile_apart(fn, backend_mod.backend(recipe=options.recipe, recompute=options.recompute,
+                                                     compiler=options.compiler))
     with depyf.prepare_debug(str(path)):
-        out = compiled(*args)
-        outs = [o for o in _flatten(out) if o.requires_grad]
+        outs = [o for o in _flatten(compiled(*args, **kwargs)) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
-    torch._dynamo.reset()
-    return sorted(p for p in path.rglob("*") if p.is_file())
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name != DUMP_MARK)
 
 
 # ---------------------------------------------------------------------------------------
 # compare
 
+SCOPES = ("blocks", "program")
+
 
 @dataclasses.dataclass
 class CompareRow:
+    """One output or gradient, eager side (a) against compiled side (b)."""
+
     name: str
     bitwise: bool
-    max_ulps: int
-    max_abs: float
+    differ: int  # elements whose bits differ
+    numel: int
+    max_abs: float  # max |b - a|
+    rel: float  # ||b - a|| / ||a|| (Frobenius)
+    max_ulps: Optional[float]  # max of ulps(a, b); None for integer tensors
+    note: str = ""  # why the tensors could not be compared element by element
 
 
 @dataclasses.dataclass
 class CompareReport:
     rows: list[CompareRow]
-    surroundings: str
+    scope: str
+    compiler: str
+    sites: int  # grouped MLPs the nvfp4 backend rewrote
+    rejected: int
+    graphs: int
 
     @property
-    def bitwise(self) -> bool:
-        return all(r.bitwise for r in self.rows)
+    def bitwise(self) -> Optional[bool]:
+        """True / False; None when nothing was rewritten (no verdict about nvfp4)."""
+        return all(r.bitwise for r in self.rows) if self.sites else None
+
+    @property
+    def verdict(self) -> str:
+        return {True: "BITWISE EQUAL", False: "DIFFERENT", None: "NO VERDICT"}[self.bitwise]
 
     def __str__(self) -> str:
-        verdict = "BITWISE EQUAL" if self.bitwise else "DIFFERENT"
-        table = format_table(["tensor", "bitwise", "max ulps", "max |diff|"],
-                             [[r.name, "yes" if r.bitwise else "NO", r.max_ulps, f"{r.max_abs:.3g}"] for r in self.rows])
-        return (f"nvfp4 compare (eager NVFP4 chain vs compiled nvfp4; ops outside the expert blocks: "
-                f"{self.surroundings} vs Inductor): {verdict}\n{table}")
+        if not self.sites:
+            return (f"nvfp4 compare: NO VERDICT: the nvfp4 backend rewrote no grouped MLP in {self.graphs} graph(s) "
+                    f"({self.rejected} rejected), so no nvfp4 op ran and there is nothing of ours to compare; "
+                    "nvfp4_inductor.explain says why")
+        blocks = f"{self.sites} grouped MLP block(s)"
+        if self.scope == "blocks":
+            header = (f"nvfp4 compare, scope='blocks': {blocks} as the eager NVFP4 chain (nvfp4_inductor.grouped_mlp, "
+                      f"op by op) vs as the fused nvfp4 ops; every other op compiled by {self.compiler} on both "
+                      f"sides: {self.verdict}")
+        else:
+            header = (f"nvfp4 compare, scope='program': eager PyTorch (the eager NVFP4 chain in {blocks}) vs "
+                      f"torch.compile(backend=nvfp4, compiler={self.compiler!r}): {self.verdict}")
+        table = format_table(
+            ["tensor", "bitwise", "differ", "max |diff|", "rel diff", "max ulps"] + (
+                ["note"] if any(r.note for r in self.rows) else []),
+            [[r.name, "yes" if r.bitwise else "NO", f"{r.differ}/{r.numel}", f"{r.max_abs:.3g}", f"{r.rel:.3g}",
+              "-" if r.max_ulps is None else f"{r.max_ulps:.4g}"] + ([r.note] if r.note else [])
+             for r in self.rows])
+        out = [header, table]
+        if not self.bitwise:
+            out.append("differ: elements whose bits differ; rel diff: ||compiled - eager|| / ||eager||; ulps: "
+                       "|compiled - eager| in steps of the dtype at the larger magnitude of the two")
+            if self.scope == "program":
+                out.append(f"Outside the blocks, {self.compiler} may round fused bf16 chains differently from eager "
+                           "(its own behaviour, not nvfp4's); scope='blocks' (the default) compares the blocks alone.")
+        return "\n".join(out)
 
 
 def _flatten(out) -> list[torch.Tensor]:
@@ -233,31 +482,50 @@ def _fixed_grad(t: torch.Tensor, index: int) -> torch.Tensor:
     return torch.randn(t.shape, generator=g).to(t.dtype).to(t.device)
 
 
-def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """Floats as integers ordered like the floats, so differences count ulps."""
-    int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    i = t.contiguous().view(int_dtype).to(torch.int64)
-    sign_bit = 1 << (8 * t.element_size() - 1)
-    return torch.where(i < 0, -(i + sign_bit), i)
+def _element_bits(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as integers of the same width (so -0.0 != 0.0 and NaNs compare by payload)."""
+    if not t.is_floating_point():
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of t (so -0.0 != 0.0 and NaNs compare by payload)."""
-    return t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else t
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per element, |a - b| in units of the dtype's spacing at max(|a|, |b|) (its ulp
+    there; below the smallest normal number, the subnormal spacing). Equal bits give 0,
+    differing non-finite values inf. Well defined across zero: bf16 0.002 against -0.0024
+    is 0.0044 / 2**-16 = 288 ulps, where counting the representable values between them
+    gives ~30,000."""
+    finfo = torch.finfo(a.dtype)
+    a64, b64 = a.double(), b.double()
+    exponent = torch.frexp(torch.maximum(a64.abs(), b64.abs())).exponent - 1  # m = 1.f * 2**exponent
+    spacing = finfo.eps * torch.pow(2.0, exponent.clamp(min=round(math.log2(finfo.tiny))).double())
+    out = (a64 - b64).abs() / spacing
+    out = torch.where(torch.isfinite(a64) & torch.isfinite(b64), out, torch.inf)
+    return torch.where(_element_bits(a) == _element_bits(b), 0.0, out)
 
 
-def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+def _compare_tensors(name: str, a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> CompareRow:
+    if a is None or b is None:
+        same = a is None and b is None
+        return CompareRow(name, same, 0 if same else 1, 0, 0.0, 0.0, None,
+                          "" if same else f"no gradient on the {'eager' if a is None else 'compiled'} side")
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return CompareRow(name, False, a.numel(), a.numel(), math.nan, math.nan, None,
+                          f"eager {a.dtype} {tuple(a.shape)} vs compiled {b.dtype} {tuple(b.shape)}")
+    differ = int((_element_bits(a) != _element_bits(b)).sum())
     if a.numel() == 0:
-        return 0
-    if not a.is_floating_point():
-        return int((a.long() - b.long()).abs().max())
-    return int((_ordered_bits(a) - _ordered_bits(b)).abs().max())
+        return CompareRow(name, True, 0, 0, 0.0, 0.0, 0.0 if a.is_floating_point() else None)
+    a64, b64 = a.double(), b.double()
+    diff = (b64 - a64).norm()
+    norm = a64.norm()
+    rel = float(diff / norm) if norm > 0 else (0.0 if diff == 0 else math.inf)
+    return CompareRow(name, differ == 0, differ, a.numel(), float((b64 - a64).abs().max()), rel,
+                      float(ulps(a, b).max()) if a.is_floating_point() else None)
 
 
 def _run(fn, args, kwargs, backend, seed, grad_inputs):
-    torch._dynamo.reset()
     torch.manual_seed(seed)
-    outs = _flatten(torch.compile(fn, backend=backend)(*args, **kwargs))
+    outs = _flatten(compile_apart(fn, backend)(*args, **kwargs))
     diff = [o for o in outs if o.requires_grad]
     grads = []
     if diff and grad_inputs:
@@ -266,58 +534,66 @@ def _run(fn, args, kwargs, backend, seed, grad_inputs):
     return [o.detach() for o in outs], list(grads)
 
 
-def eager_semantics_backend(options: BackendOptions, surroundings: str):
-    """Each recognised site replaced by the eager NVFP4 chain (``nvfp4_inductor.grouped_mlp``,
-    op by op): the semantics compiled runs must match. The ops around the sites run
-    eagerly (surroundings="eager") or through stock Inductor ("inductor")."""
+def _eager_chain_call(site_options: BackendOptions, plan):
+    """A site's callable running the eager NVFP4 chain, op by op (it chooses the same
+    target as `plan` itself)."""
     from .nn import grouped_mlp
 
-    def site_call(site_options: BackendOptions, plan):  # the eager chain chooses the same target itself
-        def nvfp4_eager_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
-            return grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
-                               tanh_clamp_scale=tanh_clamp_scale, recipe=site_options.recipe)
+    def nvfp4_eager_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
+        return grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
+                           tanh_clamp_scale=tanh_clamp_scale, recipe=site_options.recipe)
 
-        return nvfp4_eager_grouped_mlp
+    return nvfp4_eager_grouped_mlp
 
-    def eager_nvfp4(gm, example_inputs, **kw):
-        backend_mod.rewrite_graph(gm, options, site_call=site_call)
-        if surroundings == "eager":
+
+def eager_semantics_backend(options: BackendOptions, scope: str = "blocks"):
+    """Each recognised site replaced by the eager NVFP4 chain (``nvfp4_inductor.grouped_mlp``,
+    op by op): the semantics the compiled runs must match. scope "blocks": every other op
+    compiled by ``options.compiler`` as the nvfp4 backend compiles it, so the blocks alone
+    differ from the backend's program; "program": every other op runs eagerly."""
+
+    def nvfp4_eager_chain(gm, example_inputs, **kw):
+        backend_mod.rewrite_graph(gm, options, site_call=_eager_chain_call)
+        if scope == "program":
             return gm.forward
-        from torch._inductor.compile_fx import compile_fx
+        return backend_mod.compile_rewritten(gm, example_inputs, options)
 
-        return compile_fx(gm, example_inputs)
-
-    return eager_nvfp4
+    return nvfp4_eager_chain
 
 
-def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, seed: int = 0,
-            surroundings: str = "eager", compiler: str = "inductor", **kwargs) -> CompareReport:
-    """Run `fn` eagerly with NVFP4 semantics and compiled with the nvfp4 backend, forward
-    and backward (fixed output gradients, same seed), and compare every output and every
-    gradient (inputs that require grad, and parameters when `fn` is a module) bit for bit.
+def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True,
+            compiler: str = "inductor", scope: str = "blocks", seed: int = 0, **kwargs) -> CompareReport:
+    """Are the rewritten blocks exactly the eager NVFP4 chain? Runs `fn` on `args` /
+    `kwargs` twice, forward and backward (fixed output gradients, same seed), and compares
+    every output and every gradient (inputs that require grad, and parameters when `fn` is
+    a module) bit for bit, with how many elements differ, max |diff|, the relative
+    difference and ulps beside.
 
-    surroundings: how the eager side runs the ops outside the expert blocks. "eager"
-    (default) is plain eager PyTorch; Inductor may round fused bf16 chains there
-    differently from eager (its own behaviour, not this backend's). "inductor" compiles
-    them with stock Inductor on the eager side too, so only the blocks are compared.
-    recipe / recompute / compiler: the backend's options for the compiled side."""
-    if surroundings not in ("eager", "inductor"):
-        raise ValueError(f"surroundings must be 'eager' or 'inductor'; got {surroundings!r}")
-    options = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute})
+    scope "blocks" (default): both sides run the same compiled program, every op outside
+        the grouped MLPs compiled by `compiler` the same way; the blocks run as the eager
+        NVFP4 chain on one side and as the nvfp4 backend's fused ops on the other.
+    scope "program": eager PyTorch (with the eager chain in the blocks) against the whole
+        program compiled by the nvfp4 backend; differences outside the blocks are then
+        the compiler's own rounding.
+    recipe / recompute / compiler: the backend's options. When the backend rewrites no
+    grouped MLP, the report gives no verdict (``bitwise`` is None)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
+    options = _options(recipe, recompute, compiler)
     grad_inputs = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if isinstance(fn, torch.nn.Module):
         grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
-    eager = _run(fn, args, kwargs, eager_semantics_backend(options, surroundings), seed, grad_inputs)
-    compiled = _run(fn, args, kwargs, backend_mod.backend(recipe=options.recipe, recompute=recompute,
-                                                          compiler=compiler), seed, grad_inputs)
-    torch._dynamo.reset()
-    rows = []
+    records = _PerGraph()
+
+    def nvfp4(gm, example_inputs, **kw):  # the nvfp4 backend, keeping what it rewrote
+        records.add(backend_mod.rewrite_graph(gm, options))
+        return backend_mod.compile_rewritten(gm, example_inputs, options)
+
+    compiled = _run(fn, args, kwargs, nvfp4, seed, grad_inputs)
+    sites, rejected = sum(len(r.sites) for r in records), sum(len(r.rejections) for r in records)
+    if not sites:
+        return CompareReport([], scope, compiler, 0, rejected, len(records))
+    eager = _run(fn, args, kwargs, eager_semantics_backend(options, scope), seed, grad_inputs)
     names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
-    for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1]):
-        if a is None or b is None:
-            rows.append(CompareRow(name, a is None and b is None, 0, 0.0))
-            continue
-        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
-        max_abs = float((a.double() - b.double()).abs().max()) if a.numel() and a.shape == b.shape else 0.0
-        rows.append(CompareRow(name, same, ulp_distance(a, b) if a.shape == b.shape else -1, max_abs))
-    return CompareReport(rows, surroundings)
+    rows = [_compare_tensors(name, a, b) for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1])]
+    return CompareReport(rows, scope, compiler, sites, rejected, len(records))

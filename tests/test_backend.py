@@ -249,6 +249,18 @@ def test_unknown_option_raises():
         torch.compile(lambda t: t + 1, backend="nvfp4", options={"recomptue": False})(torch.ones(2))
 
 
+def test_configured_backend_validates_its_options_when_built():
+    """``nv.backend(...)`` checks its options before torch.compile is called; with
+    ``backend="nvfp4", options={...}`` torch hands the options to the backend only at the
+    first compile (torch.compile stores them unread), so they are checked there."""
+    with pytest.raises(ValueError, match="option 'compiler' must be 'inductor' or 'aot_eager'; got 'tvm'"):
+        nv.backend(compiler="tvm")
+    with pytest.raises(ValueError, match="option 'recompute' must be a bool"):
+        nv.backend(recompute="yes")
+    with pytest.raises(TypeError, match="recomptue"):
+        nv.backend(recomptue=False)
+
+
 def test_options_reach_the_backend():
     from nvfp4_inductor.compiler.options import BackendOptions
 
@@ -290,6 +302,12 @@ def test_dump_code_writes_the_graphs_and_generated_code(tmp_path):
     assert any("Forward_graph" in n for n in names) and any("Backward_graph" in n for n in names), names
     text = "\n".join(f.read_text(errors="replace") for f in files if f.suffix == ".py")
     assert "nvfp4.grouped_mlp_fwd" in text and "nvfp4.grouped_mlp_bwd_fc2" in text
+    # Inductor's generated code calls the fused ops with their options by name
+    kernels = "\n".join(f.read_text() for f in files if ".kernel_" in f.name)
+    fwd = next(line for line in kernels.splitlines() if "torch.ops.nvfp4.grouped_mlp_fwd.default(" in line)
+    for option in ("activation='swiglu'", "rht=True", "sign_mask=55272", "block_2d=True", "stochastic_rounding=True",
+                   "recompute=True", "target='reference'", "fused_fc1=False"):
+        assert option in fwd, f"{option} not in {fwd}"
 
 
 def test_explain_reports_sites_rejections_and_saved_bytes():
@@ -326,15 +344,16 @@ def test_explain_says_when_experts_run_outside_the_graph():
 
 
 def test_rest_of_a_mixed_model_matches_stock_inductor_bitwise():
-    """Two MoE layers between attention, norms and residuals: with the blocks run by the
-    eager NVFP4 chain and everything else by stock Inductor on one side, and the nvfp4
-    backend on the other, every output and gradient is bitwise equal."""
+    """Two MoE layers between attention, norms and residuals, compare's defaults: with the
+    blocks run by the eager NVFP4 chain on one side and by the nvfp4 backend on the other,
+    and everything else compiled by Inductor on both, every output and gradient is
+    bitwise equal."""
     from moe_models import TwoLayerModel
 
     torch.manual_seed(0)
     model = TwoLayerModel()
-    report = nv.compare(model, *_with_grad(model.inputs(0)), surroundings="inductor")
-    assert report.bitwise, str(report)
+    report = nv.compare(model, *_with_grad(model.inputs(0)))
+    assert report.sites == 2 and report.bitwise, str(report)
     assert len(report.rows) > 10
 
 

@@ -280,9 +280,10 @@ def _run_fused_ops(target, plan_flags, x, w1, w2, sizes, probs, dy, activation):
     from nvfp4_inductor.saved import SavedForBackward
 
     fused_fc1, fused_amax, fused_dgrad = plan_flags
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, activation, None, True, 0xD7E8, True, False, True,
-                                target, fused_fc1, fused_amax, fused_dgrad)
-    options = fused.BackwardOptions(activation, None, True, 0xD7E8, False, True, target, fused_dgrad)
+    options = fused.BackwardOptions(activation=activation, tanh_clamp_scale=None, rht=True, sign_mask=0xD7E8,
+                                    stochastic_rounding=False, recompute=True, target=target, fused_dgrad=fused_dgrad)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=fused_fc1,
+                                fused_amax=fused_amax)
     bwd = fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
     return fwd, bwd
 
@@ -348,10 +349,11 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps):
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.saved import SavedForBackward
 
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, "srelu", None, True, 0xD7E8, True, False, True,
-                                target, True, True, True)
+    options = fused.BackwardOptions(activation="srelu", tanh_clamp_scale=None, rht=True, sign_mask=0xD7E8,
+                                    stochastic_rounding=False, recompute=True, target=target, fused_dgrad=True)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=True,
+                                fused_amax=True)
     events.clear()
-    options = fused.BackwardOptions("srelu", None, True, 0xD7E8, False, True, target, True)
     fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
     assert events == [("wgrad", {"dC": False, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
 

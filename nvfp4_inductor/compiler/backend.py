@@ -127,6 +127,11 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
     rewrite_graph(gm, options)
+    return compile_rewritten(gm, example_inputs, options, mode=mode)
+
+
+def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
+    """The rewritten graph through ``options.compiler``: Inductor, or AOTAutograd alone."""
     if options.compiler == "aot_eager":
         from torch._dynamo.backends.debugging import aot_eager_default_partitioner
 

@@ -28,6 +28,9 @@ again: that would be merged with it by the partitioner's CSE and the activation 
 after all (PITFALLS.md).
 Three ops rather than one let the compiled backward free each saved tensor after its last
 reader (benchmarks/memory_model.py).
+Every non-tensor argument of the ops (the activation, the recipe's fields, recompute, the
+plan's) is keyword-only, so FX graphs and Inductor's generated code print each by name
+(``activation='swiglu', rht=True, sign_mask=55272, ...``).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def _fc2(steps, dq, w2q, group_sizes):
 
 @torch.library.custom_op(f"{LIB}::grouped_mlp_infer", mutates_args=())
 def grouped_mlp_infer(
-    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     target: str, fused_fc1: bool, fused_amax: bool,
 ) -> Tensor:
@@ -87,14 +90,13 @@ def grouped_mlp_infer(
 
 
 @grouped_mlp_infer.register_fake
-def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-      target, fused_fc1, fused_amax):
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, **options):
     return x.new_empty(x.shape[0], fc2_weight.shape[1])
 
 
 @torch.library.custom_op(f"{LIB}::grouped_mlp_fwd", mutates_args=())
 def grouped_mlp_fwd(
-    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
 ) -> list[Tensor]:
@@ -133,8 +135,7 @@ def grouped_mlp_fwd(
 
 
 @grouped_mlp_fwd.register_fake
-def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-      stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad):
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, *, recompute, **options):
     t, h = x.shape
     g, f1, _ = fc1_weight.shape
     f = fc2_weight.shape[2]
@@ -161,7 +162,7 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scal
 def grouped_mlp_bwd_fc2(
     dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor, offsets: Tensor,
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
-    d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
+    d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor, *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
     recompute: bool, target: str, fused_dgrad: bool,
 ) -> list[Tensor]:
@@ -203,7 +204,7 @@ def grouped_mlp_bwd_fc2(
 
 @grouped_mlp_bwd_fc2.register_fake
 def _(dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale,
-      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute, target, fused_dgrad):
+      **options):
     t, f1 = c.shape
     g, f, h_half = w2_col_data.shape
     p = columnwise_capacity(t, g)
@@ -240,20 +241,17 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
     o = options
     dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
         dy, saved.c, probs, group_sizes, saved.offsets, saved.w2_col_data, saved.w2_col_scale, saved.w2_amax,
-        saved.d_col_amax, saved.d_col_data, saved.d_col_scale, o.activation, o.tanh_clamp_scale, o.rht,
-        o.sign_mask, o.stochastic_rounding, o.recompute, o.target, o.fused_dgrad)
+        saved.d_col_amax, saved.d_col_data, saved.d_col_scale, **o._asdict())
     dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], saved.x_col_data, saved.x_col_scale, saved.x_col_amax, saved.offsets,
                                     o.target)
     dx = ops.grouped_gemm_op(*dcq[:3], saved.w1_col_data, saved.w1_col_scale, saved.w1_amax, group_sizes, o.target)
     return [dx, dw1, dw2, dprobs]
 
 
-def _setup_context(ctx, inputs, output):
-    (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-     stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad) = inputs
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    x, fc1_weight, fc2_weight, group_sizes, probs = inputs
     ctx.save_for_backward(probs, group_sizes, *output[1:])
-    ctx.options = BackwardOptions(activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute,
-                                  target, fused_dgrad)
+    ctx.options = BackwardOptions(**{name: keyword_only_inputs[name] for name in BackwardOptions._fields})
     ctx.has_probs = probs is not None
 
 
@@ -261,7 +259,7 @@ def _backward(ctx, grads):
     probs, group_sizes, *saved = ctx.saved_tensors
     dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], SavedForBackward.unflatten(saved), probs, group_sizes,
                                            ctx.options)
-    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * 11
+    return dx, dw1, dw2, None, dprobs if ctx.has_probs else None  # the options are keyword-only: no gradients
 
 
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -287,12 +285,14 @@ def fused_grouped_mlp(
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
     )
-    common = (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale,
-              recipe.rht, recipe.sign_mask, recipe.block_2d)
+    common = dict(activation=activation, tanh_clamp_scale=tanh_clamp_scale, rht=recipe.rht,
+                  sign_mask=recipe.sign_mask, block_2d=recipe.block_2d, target=plan.target,
+                  fused_fc1=plan.fused_fc1, fused_amax=plan.fused_amax)
     if not needs_grad:
-        return grouped_mlp_infer(*common, plan.target, plan.fused_fc1, plan.fused_amax)
-    return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute, plan.target, plan.fused_fc1,
-                           plan.fused_amax, plan.fused_dgrad)[0]
+        return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
+    return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
+                           stochastic_rounding=recipe.stochastic_rounding, recompute=recompute,
+                           fused_dgrad=plan.fused_dgrad)[0]
 
 
 def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):
@@ -343,9 +343,10 @@ def saved_for_backward(x, fc1_weight, fc2_weight, group_sizes, probs, *, activat
         None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
         for t in (x, fc1_weight, fc2_weight, group_sizes, probs)
     )
-    plan = Plan("reference", False, False, False, "")
-    outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, activation, None, True, 0, True, False,
-                           recompute, plan.target, plan.fused_fc1, plan.fused_amax, plan.fused_dgrad)
+    outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
+                           tanh_clamp_scale=None, rht=True, sign_mask=0, block_2d=True, stochastic_rounding=False,
+                           recompute=recompute, target="reference", fused_fc1=False, fused_amax=False,
+                           fused_dgrad=False)
     saved = SavedForBackward.unflatten(outs[1:])._asdict()
     kept = [(LABELS[name], t) for name, t in saved.items() if not (recompute and name in REGENERATED)]
     extra = [("group_sizes", group_sizes)] + ([("probs", probs)] if probs is not None else [])
