@@ -733,10 +733,10 @@ def test_activation_autograd(activation, clamp, probs_dtype):
 NO_SCHEMA = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def _check_functional(op, args, label):
+def _check_functional(op, args, label, kwargs=None):
     """What test_schema checks, by hand: no input mutated, no output aliases an input."""
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    out = op(*args)
+    out = op(*args, **(kwargs or {}))
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for i, (a, b) in enumerate(zip(args, before)):
         if isinstance(a, torch.Tensor):
@@ -826,9 +826,9 @@ def test_columnwise_copy_without_rht_is_contiguous():
 def _bad_sizes_calls():
     x, w1, w2 = _randn(_gen(0), 80, 32), _randn(_gen(1), 4, 48, 32), _randn(_gen(2), 4, 32, 48)
     gq = lambda gs: nvfp4.group_quantize(x, gs, True, True, True, MASK, False, None, None)  # noqa: E731
-    infer = lambda gs: nvfp4.grouped_mlp_infer(x, w1, w2, gs, None, "srelu", None, True, MASK, True)  # noqa: E731
-    fwd = lambda gs: nvfp4.grouped_mlp_fwd(  # noqa: E731
-        x, w1, w2, gs, None, "srelu", None, True, MASK, True, False, True)
+    case = MLP_CASES[1]  # srelu, no probs
+    infer = lambda gs: nvfp4.grouped_mlp_infer(x, w1, w2, gs, None, **_infer_kwargs(case))  # noqa: E731
+    fwd = lambda gs: nvfp4.grouped_mlp_fwd(x, w1, w2, gs, None, **_fwd_kwargs(case, True))  # noqa: E731
     return {"group_quantize": gq, "grouped_mlp_infer": infer, "grouped_mlp_fwd": fwd}
 
 
@@ -935,15 +935,26 @@ def _chain_backward(case: MCase, dy, c, probs, gs, xq, w1q, w2q, dq):
     return (dx, dw1, dw2) + ((dp,) if probs is not None else ())
 
 
-def _fwd_args(case: MCase, x, w1, w2, gs, probs, recompute: bool):
-    return (x, w1, w2, gs, probs, case.activation, case.clamp, case.rht, MASK, case.block_2d, False, recompute)
+def _infer_kwargs(case: MCase) -> dict:
+    """The fused inference op's options: the case's recipe, the reference target's plan."""
+    return dict(activation=case.activation, tanh_clamp_scale=case.clamp, rht=case.rht, sign_mask=MASK,
+                block_2d=case.block_2d, target="reference", fused_fc1=False, fused_amax=False)
+
+
+def _fwd_kwargs(case: MCase, recompute: bool) -> dict:
+    return dict(_infer_kwargs(case), stochastic_rounding=False, recompute=recompute, fused_dgrad=False)
+
+
+def _bwd_fc2_kwargs(case: MCase, recompute: bool) -> dict:
+    return dict(activation=case.activation, tanh_clamp_scale=case.clamp, rht=case.rht, sign_mask=MASK,
+                stochastic_rounding=False, recompute=recompute, target="reference", fused_dgrad=False)
 
 
 @pytest.mark.parametrize("case", MLP_CASES, ids=str)
 def test_grouped_mlp_infer(case: MCase):
     x, w1, w2, gs, probs, _ = _mlp_inputs(case, 13)
-    args = (x, w1, w2, gs, probs, case.activation, case.clamp, case.rht, MASK, case.block_2d)
-    assert_bytes_equal(nvfp4.grouped_mlp_infer(*args), _chain_forward(case, x, w1, w2, gs, probs)[0], "Y")
+    y = nvfp4.grouped_mlp_infer(x, w1, w2, gs, probs, **_infer_kwargs(case))
+    assert_bytes_equal(y, _chain_forward(case, x, w1, w2, gs, probs)[0], "Y")
 
 
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "saveD"])
@@ -952,7 +963,7 @@ def test_grouped_mlp_fwd(case: MCase, recompute: bool):
     """Y and C, and what the backward is handed: x's and the weights' column-wise copies,
     D's column-wise amax (post-RHT with RHT) and, without recompute, D's column-wise copy."""
     x, w1, w2, gs, probs, _ = _mlp_inputs(case, 14)
-    out = nvfp4.grouped_mlp_fwd(*_fwd_args(case, x, w1, w2, gs, probs, recompute))
+    out = nvfp4.grouped_mlp_fwd(x, w1, w2, gs, probs, **_fwd_kwargs(case, recompute))
     y, c, xq, w1q, w2q, dq = _chain_forward(case, x, w1, w2, gs, probs)
     d_col = (torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=E4M3)) if recompute else (dq[3], dq[4])
     expected = (y, c, xq[3], xq[4], xq[5], xq[6], w1q[2], w1q[3], w1q[4], w2q[2], w2q[3], w2q[4], dq[5]) + d_col
@@ -969,7 +980,7 @@ def test_grouped_mlp_backward(case: MCase):
     for recompute in (True, False):
         inputs = [t.clone().requires_grad_() for t in (x, w1, w2) + ((probs,) if probs is not None else ())]
         p = inputs[3] if probs is not None else None
-        y = nvfp4.grouped_mlp_fwd(*_fwd_args(case, *inputs[:3], gs, p, recompute))[0]
+        y = nvfp4.grouped_mlp_fwd(*inputs[:3], gs, p, **_fwd_kwargs(case, recompute))[0]
         grads = torch.autograd.grad(y, inputs, dy)
         _assert_tuple_equal(grads, expected, f"grouped_mlp backward {case} recompute={recompute}")
 
@@ -980,26 +991,25 @@ MLP_OPCHECK = [MLP_CASES[0], MLP_CASES[3], MLP_CASES[4]]  # srelu+probs, tanh_sr
 @pytest.mark.parametrize("case", MLP_OPCHECK, ids=str)
 def test_grouped_mlp_opcheck(case: MCase):
     x, w1, w2, gs, probs, dy = _mlp_inputs(case, 14)
-    torch.library.opcheck(nvfp4.grouped_mlp_infer,
-                          (x, w1, w2, gs, probs, case.activation, case.clamp, case.rht, MASK, case.block_2d))
+    torch.library.opcheck(nvfp4.grouped_mlp_infer, (x, w1, w2, gs, probs), _infer_kwargs(case))
     recompute = case.activation != "swiglu"
-    torch.library.opcheck(nvfp4.grouped_mlp_fwd, _fwd_args(case, x, w1, w2, gs, probs, recompute))
+    torch.library.opcheck(nvfp4.grouped_mlp_fwd, (x, w1, w2, gs, probs), _fwd_kwargs(case, recompute))
     # with gradients required: the autograd registration check. test_schema and
     # test_aot_dispatch_dynamic cannot run here: they would differentiate through the E4M3
     # scale outputs (sum / allclose are not implemented for float8_e4m3fn on the CPU).
     req = [t.detach().requires_grad_() for t in (x, w1, w2)]
     p_req = probs.detach().requires_grad_() if probs is not None else None
-    torch.library.opcheck(nvfp4.grouped_mlp_fwd, _fwd_args(case, *req, gs, p_req, recompute),
+    torch.library.opcheck(nvfp4.grouped_mlp_fwd, (*req, gs, p_req), _fwd_kwargs(case, recompute),
                           test_utils="test_autograd_registration")
     if case.with_probs:  # the backward's first op (its other two are the eager GEMM ops)
-        saved = nvfp4.grouped_mlp_fwd(*_fwd_args(case, x, w1, w2, gs, probs, recompute))
-        fc2_args = (dy, saved[1], probs, gs, saved[5], *saved[9:], case.activation, case.clamp, case.rht, MASK,
-                    False, recompute)
-        torch.library.opcheck(nvfp4.grouped_mlp_bwd_fc2, fc2_args, test_utils=NO_SCHEMA)
-        _check_functional(nvfp4.grouped_mlp_bwd_fc2, fc2_args, "grouped_mlp_bwd_fc2")
+        saved = nvfp4.grouped_mlp_fwd(x, w1, w2, gs, probs, **_fwd_kwargs(case, recompute))
+        fc2_args = (dy, saved[1], probs, gs, saved[5], *saved[9:])
+        fc2_kwargs = _bwd_fc2_kwargs(case, recompute)
+        torch.library.opcheck(nvfp4.grouped_mlp_bwd_fc2, fc2_args, fc2_kwargs, test_utils=NO_SCHEMA)
+        _check_functional(nvfp4.grouped_mlp_bwd_fc2, fc2_args, "grouped_mlp_bwd_fc2", fc2_kwargs)
 
 
 def test_grouped_mlp_fwd_opcheck_without_rht():
     x, w1, w2, gs, probs, _ = _mlp_inputs(NORHT, 14)
-    torch.library.opcheck(nvfp4.grouped_mlp_fwd, _fwd_args(NORHT, x, w1, w2, gs, probs, True),
+    torch.library.opcheck(nvfp4.grouped_mlp_fwd, (x, w1, w2, gs, probs), _fwd_kwargs(NORHT, True),
                           test_utils="test_faketensor")
