@@ -197,6 +197,24 @@ SINGLE_CASES = {
 }
 
 
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+@pytest.mark.parametrize("supplied", [False, True], ids=["computed", "supplied"])
+def test_group_quantize_outputs_alias_nothing(rht, supplied):
+    """Like the reference (numerics._owned), the Triton twin returns amaxes that alias
+    neither a supplied amax nor each other: the nvfp4:: ops may return no alias (torch
+    checks it on CUDA). Without RHT both copies use the same pre-RHT amax values."""
+    x = torch.randn(40, 32, generator=torch.Generator().manual_seed(3)).bfloat16().to(DEVICE)
+    sizes = torch.tensor([10, 0, 30], device=DEVICE)
+    given = torch.rand(3, device=DEVICE) + 1 if supplied else None
+    q = kernels.group_quantize(x, sizes, rowwise=True, columnwise=True, rht=rht, rowwise_amax=given)
+    outs = [t for t in q.as_tuple()[:7] if t is not None and t.numel()]
+    ptrs = [t.untyped_storage().data_ptr() for t in outs]
+    assert len(set(ptrs)) == len(ptrs), "two outputs share storage"
+    assert given is None or given.untyped_storage().data_ptr() not in ptrs, "an output aliases the supplied amax"
+    if DEVICE == "cuda":  # the op runs this twin there, and torch raises if an output aliases
+        torch.ops.nvfp4.group_quantize(x, sizes, True, True, rht, 0xD7E8, False, given, None)
+
+
 @pytest.mark.parametrize("name", list(SINGLE_CASES))
 def test_quantize_matches_reference(name):
     x = random_input(48, 64, seed=len(name))

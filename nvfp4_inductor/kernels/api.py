@@ -64,7 +64,9 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[int], device, blocks:
 
 
 def _amaxes(x, sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax):
-    """The (row-wise, column-wise) amaxes the references use, computing only what is missing."""
+    """The (row-wise, column-wise) amaxes the references use, computing only what is missing.
+    As the references' (``numerics._owned``), they never alias a supplied amax or each other:
+    the ``nvfp4::`` ops may not return an alias of an input or of another output."""
     groups = sizes.shape[0]
     need_pre = (rowwise and rowwise_amax is None) or (
         columnwise and not rht and columnwise_amax is None and rowwise_amax is None
@@ -73,17 +75,21 @@ def _amaxes(x, sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_ama
     pre = post = None
     if need_pre or need_post:
         pre, post = group_amax(x, sizes, need_pre, need_post, sign_mask, capacity)
-    row = (rowwise_amax.float().reshape(groups) if rowwise_amax is not None else pre) if rowwise else None
+
+    def owned(amax):
+        return amax.to(torch.float32, copy=True).reshape(groups)
+
+    row = (owned(rowwise_amax) if rowwise_amax is not None else pre) if rowwise else None
     if not columnwise:
         col = None
     elif columnwise_amax is not None:
-        col = columnwise_amax.float().reshape(groups)
+        col = owned(columnwise_amax)
     elif rht:
         col = post
     elif rowwise_amax is not None:
-        col = rowwise_amax.float().reshape(groups)
+        col = owned(rowwise_amax)
     else:
-        col = pre
+        col = pre.clone() if rowwise else pre  # both copies use the pre-RHT amax
     return row, col
 
 
