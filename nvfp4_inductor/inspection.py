@@ -208,7 +208,8 @@ def _fix(modules: list[torch.nn.Module], file: str, line: int, what: str) -> str
             return (f'model.set_experts_implementation("grouped_mm") (transformers experts; now "{implementation}", '
                     'a per-expert loop)')
     if "bincount" in what:
-        return "count the rows per expert with torch.histc(ids.float(), bins=G, min=0, max=G - 1): no data-dependent size"
+        return ("count the rows per expert with torch.histc(ids.float(), bins=G, min=0, max=G - 1): "
+                "no data-dependent size")
     return ""
 
 

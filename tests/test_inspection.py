@@ -122,8 +122,11 @@ def test_ulps_across_zero_is_the_difference_in_steps_of_the_larger_value():
     expected = float((a.double() - b.double()).abs() / 2**-16)
     assert 2**-9 <= float(larger) < 2**-8 and float(ulps(a, b)) == expected and 280 < expected < 300
     # the representable values between them number ~30,000: the old "ulps"
-    bits = lambda t: int(t.view(torch.int16)) if int(t.view(torch.int16)) >= 0 else -(int(t.view(torch.int16)) + 2**15)  # noqa: E731
-    assert abs(bits(a) - bits(b)) > 30_000
+    def ordered(t):
+        i = int(t.view(torch.int16))
+        return i if i >= 0 else -(i + 2**15)
+
+    assert abs(ordered(a) - ordered(b)) > 30_000
 
 
 @pytest.mark.parametrize("a, b, expected", [
@@ -224,7 +227,8 @@ def test_inspection_keeps_the_callers_compiled_code(tmp_path):
 def test_inspection_keeps_compiled_code_after_graph_breaks():
     """Code after a graph break runs as frames of its own, on the caller's code objects."""
     model = MixtralEagerExperts()
-    args = (torch.randn(32, H, dtype=torch.bfloat16), torch.randint(0, G, (32, 2)), torch.rand(32, 2, dtype=torch.bfloat16))
+    args = (torch.randn(32, H, dtype=torch.bfloat16), torch.randint(0, G, (32, 2)),
+            torch.rand(32, 2, dtype=torch.bfloat16))
     counting = _CountingBackend()
     compiled = torch.compile(model, backend=counting)
     compiled(*args)
