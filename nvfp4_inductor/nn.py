@@ -36,7 +36,7 @@ nvfp4 = torch.ops.nvfp4
 def _group_quantize(x, group_sizes, recipe: Recipe, target: str, *, stochastic: bool):
     """(row data, row scale, row amax, col data, col scale, col amax, padded offsets)."""
     return nvfp4.group_quantize(x, group_sizes, True, True, recipe.rht, recipe.sign_mask,
-                                stochastic and recipe.stochastic_rounding, None, None, target)
+                                stochastic and recipe.stochastic_rounding, None, None, target, recipe.sr_per_rank)
 
 
 class _GroupedMLPChain(torch.autograd.Function):

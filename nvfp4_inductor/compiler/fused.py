@@ -40,7 +40,7 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
-from ..numerics import columnwise_capacity
+from ..numerics import columnwise_capacity, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
@@ -97,6 +97,7 @@ def grouped_mlp_fwd(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
+    sr_per_rank: bool = True,
 ) -> list[Tensor]:
     """[Y, *SavedForBackward] — D's column-wise data and scales empty with recompute (D is
     rebuilt in the backward).
@@ -134,7 +135,7 @@ def grouped_mlp_fwd(
 
 @grouped_mlp_fwd.register_fake
 def _(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-      stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad):
+      stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad, sr_per_rank=True):
     t, h = x.shape
     g, f1, _ = fc1_weight.shape
     f = fc2_weight.shape[2]
@@ -163,7 +164,7 @@ def grouped_mlp_bwd_fc2(
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
     d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
-    recompute: bool, target: str, fused_dgrad: bool,
+    recompute: bool, target: str, fused_dgrad: bool, sr_per_rank: bool = True,
 ) -> list[Tensor]:
     """The backward up to dC's NVFP4 copies: [dW2, dprobs (empty without probs), dC row-wise
     (data, scale, amax), dC column-wise (data, scale, amax)]. SR seeds drawn dY first, then dC.
@@ -173,9 +174,10 @@ def grouped_mlp_bwd_fc2(
     (``del``). GEMMs draw no random bits, so their order changes no result."""
     steps = steps_for(target, dy.device)
 
-    def quantize_grad(t):
+    def quantize_grad(t):  # the seed drawn as the eager group_quantize op draws it
+        seed = draw_seed(sr_per_rank) if stochastic_rounding else None
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                    stochastic_rounding=stochastic_rounding)
+                                    stochastic_rounding=stochastic_rounding, seed=seed)
 
     dyq = quantize_grad(dy.contiguous())
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
@@ -203,7 +205,8 @@ def grouped_mlp_bwd_fc2(
 
 @grouped_mlp_bwd_fc2.register_fake
 def _(dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_col_amax, d_col_data, d_col_scale,
-      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute, target, fused_dgrad):
+      activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute, target, fused_dgrad,
+      sr_per_rank=True):
     t, f1 = c.shape
     g, f, h_half = w2_col_data.shape
     p = columnwise_capacity(t, g)
@@ -227,6 +230,7 @@ class BackwardOptions(NamedTuple):
     recompute: bool
     target: str
     fused_dgrad: bool
+    sr_per_rank: bool = True
 
 
 def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor], group_sizes: Tensor,
@@ -241,7 +245,7 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
     dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
         dy, saved.c, probs, group_sizes, saved.offsets, saved.w2_col_data, saved.w2_col_scale, saved.w2_amax,
         saved.d_col_amax, saved.d_col_data, saved.d_col_scale, o.activation, o.tanh_clamp_scale, o.rht,
-        o.sign_mask, o.stochastic_rounding, o.recompute, o.target, o.fused_dgrad)
+        o.sign_mask, o.stochastic_rounding, o.recompute, o.target, o.fused_dgrad, o.sr_per_rank)
     dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], saved.x_col_data, saved.x_col_scale, saved.x_col_amax, saved.offsets,
                                     o.target)
     dx = ops.grouped_gemm_op(*dcq[:3], saved.w1_col_data, saved.w1_col_scale, saved.w1_amax, group_sizes, o.target)
@@ -250,10 +254,10 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
 
 def _setup_context(ctx, inputs, output):
     (x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, rht, sign_mask, block_2d,
-     stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad) = inputs
+     stochastic_rounding, recompute, target, fused_fc1, fused_amax, fused_dgrad, sr_per_rank) = inputs
     ctx.save_for_backward(probs, group_sizes, *output[1:])
     ctx.options = BackwardOptions(activation, tanh_clamp_scale, rht, sign_mask, stochastic_rounding, recompute,
-                                  target, fused_dgrad)
+                                  target, fused_dgrad, sr_per_rank)
     ctx.has_probs = probs is not None
 
 
@@ -261,7 +265,9 @@ def _backward(ctx, grads):
     probs, group_sizes, *saved = ctx.saved_tensors
     dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], SavedForBackward.unflatten(saved), probs, group_sizes,
                                            ctx.options)
-    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * 11
+    # One gradient per argument passed: the dispatcher drops trailing arguments equal to
+    # their defaults (sr_per_rank=True), so count them rather than the schema's.
+    return (dx, dw1, dw2, None, dprobs if ctx.has_probs else None) + (None,) * (len(ctx.needs_input_grad) - 5)
 
 
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -292,7 +298,7 @@ def fused_grouped_mlp(
     if not needs_grad:
         return grouped_mlp_infer(*common, plan.target, plan.fused_fc1, plan.fused_amax)
     return grouped_mlp_fwd(*common, recipe.stochastic_rounding, recompute, plan.target, plan.fused_fc1,
-                           plan.fused_amax, plan.fused_dgrad)[0]
+                           plan.fused_amax, plan.fused_dgrad, recipe.sr_per_rank)[0]
 
 
 def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):
