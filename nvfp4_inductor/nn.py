@@ -25,6 +25,7 @@ from torch import nn
 
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from .activations import get_activation
+from .distributed import local_operands
 from .lowerings import SiteSpec, choose_plan
 from .recipe import Recipe
 from .saved import SavedForBackward
@@ -36,7 +37,7 @@ nvfp4 = torch.ops.nvfp4
 def _group_quantize(x, group_sizes, recipe: Recipe, target: str, *, stochastic: bool):
     """(row data, row scale, row amax, col data, col scale, col amax, padded offsets)."""
     return nvfp4.group_quantize(x, group_sizes, True, True, recipe.rht, recipe.sign_mask,
-                                stochastic and recipe.stochastic_rounding, None, None, target)
+                                stochastic and recipe.stochastic_rounding, None, None, target, recipe.sr_per_rank)
 
 
 class _GroupedMLPChain(torch.autograd.Function):
@@ -107,12 +108,19 @@ def grouped_mlp(
     probabilities or None; activation: a registered name (``activations.activation_names()``),
     built in: "srelu" | "tanh_srelu" (needs tanh_clamp_scale) | "swiglu".
     Returns (T, H) bf16. Differentiable in x, both weights and probs.
+    DTensors (docs/distributed.md): weights Shard(0) over experts with plain local rows run
+    on the local experts (expert parallel; weight gradients Shard(0)); all-Replicate
+    operands run the ops' sharding strategies; other placements raise a ValueError.
     """
     # Traced by Dynamo (outside the graph node), so a bad input raises this ValueError in
-    # compiled runs too, not an error wrapped by fake-tensor propagation.
+    # compiled runs too, not an error wrapped by fake-tensor propagation. DTensor operands:
+    # expert-parallel weights become their local experts (distributed.py).
+    recipe = recipe or Recipe()
+    x, fc1_weight, fc2_weight, group_sizes, probs = local_operands(x, fc1_weight, fc2_weight, group_sizes, probs,
+                                                                  recipe)
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
     return grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
-                            tanh_clamp_scale=tanh_clamp_scale, recipe=recipe or Recipe())
+                            tanh_clamp_scale=tanh_clamp_scale, recipe=recipe)
 
 
 class GroupedMLP(nn.Module):

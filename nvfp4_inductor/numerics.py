@@ -32,6 +32,9 @@ row-wise copy and 1 for the column-wise copy; the 4 output words give the 16 byt
 one 16-element block, element j taking byte j % 4 (little end first) of word j // 4.
 One seed is drawn per quantize call from torch's CPU generator (``draw_seed``), so
 ``torch.manual_seed`` reproduces the bits in eager and compiled runs, on any device.
+Under torch.distributed the ops fold the rank into the key's high word (``draw_seed``
+with ``per_rank``: seed ^ (rank << 32)), so ranks seeded alike draw independent bits;
+rank 0, and any run without torch.distributed, keeps the drawn seed.
 
 Negative zero: an exact -0.0 input is coded 0 (+0); a negative value that rounds to
 zero is coded 8 (-0). Both dequantize to 0.
@@ -42,6 +45,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.distributed
 
 from .constants import (
     BLOCK,
@@ -143,9 +147,23 @@ def philox4x32(seed: int, c0: torch.Tensor, c1: int, c2: int = 0, c3: int = 0, r
     return x0, x1, x2, x3
 
 
-def draw_seed() -> int:
-    """One 63-bit Philox seed from torch's CPU generator (host only: no device sync)."""
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+def sr_rank() -> int:
+    """The global torch.distributed rank, 0 when torch.distributed is not initialised."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def draw_seed(per_rank: bool = False) -> int:
+    """One 63-bit Philox seed from torch's CPU generator (host only: no device sync).
+
+    per_rank (``Recipe.sr_per_rank``, the ops pass it): fold the torch.distributed rank
+    into the high key word, ``seed ^ (rank << 32)`` -- the one place the rank enters the
+    random bits. Ranks whose generators are seeded alike then draw independent streams
+    (distinct Philox keys); rank 0 and runs without torch.distributed keep the drawn seed,
+    so single-process numerics never depend on it. Ranks stay below 2**31, so the result
+    is still a 63-bit seed."""
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    return seed ^ (sr_rank() << 32) if per_rank else seed
 
 
 def sr_random_bytes(seed: int, rows: int, cols: int, stream: int, device) -> torch.Tensor:

@@ -8,7 +8,8 @@ the Python wrappers in ``quantize.py`` turn them into None.
 
 Stochastic rounding draws its Philox seed inside the op (``numerics.draw_seed``) at run
 time, from torch's CPU generator: eager and compiled runs consume the generator in the
-same order, so a fixed ``torch.manual_seed`` gives the same bits in both.
+same order, so a fixed ``torch.manual_seed`` gives the same bits in both. ``sr_per_rank``
+(``Recipe.sr_per_rank``) folds the torch.distributed rank into that seed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def quantize_op(
     rowwise_amax: Optional[Tensor],
     columnwise_amax: Optional[Tensor],
     target: Optional[str] = None,
+    sr_per_rank: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(row data, row scale, row amax, col data, col scale, col amax); empty when absent."""
     q = steps_for(target, x.device).quantize(
@@ -63,6 +65,7 @@ def quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
+        seed=numerics.draw_seed(sr_per_rank) if stochastic_rounding else None,
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple(), dtypes))
@@ -70,7 +73,7 @@ def quantize_op(
 
 @quantize_op.register_fake
 def _(x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax,
-      target=None):
+      target=None, sr_per_rank=True):
     m, k = x.shape
     row = (
         (x.new_empty(m, k // 2, dtype=torch.uint8), x.new_empty(m, k // BLOCK, dtype=torch.float8_e4m3fn),
@@ -97,6 +100,7 @@ def group_quantize_op(
     rowwise_amax: Optional[Tensor],
     columnwise_amax: Optional[Tensor],
     target: Optional[str] = None,
+    sr_per_rank: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """NVFP4GroupedTensor fields without group_sizes (the caller has them)."""
     check_group_sizes_values(group_sizes, x.shape[0])
@@ -110,6 +114,7 @@ def group_quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
+        seed=numerics.draw_seed(sr_per_rank) if stochastic_rounding else None,
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2 + (torch.int64,)
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple()[:7], dtypes))
@@ -117,7 +122,7 @@ def group_quantize_op(
 
 @group_quantize_op.register_fake
 def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
-      target=None):
+      target=None, sr_per_rank=True):
     t, k = x.shape
     g = group_sizes.shape[0]
     p = numerics.columnwise_capacity(t, g)

@@ -8,6 +8,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from .constants import RHT_DEFAULT_SIGN_MASK
+from .distributed import check_quantize_operand
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor
 from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args
 
@@ -28,6 +29,7 @@ def quantize(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
+    sr_per_rank: bool = True,
 ) -> NVFP4Tensor:
     """Quantize an (M, K) tensor to NVFP4 (SPEC 1-4).
 
@@ -35,15 +37,18 @@ def quantize(
     for wgrad). rht: random Hadamard transform of the column-wise copy only (bf16 x).
     block_2d: 16x16 tiles (weights). stochastic_rounding: Philox-driven SR, seeded from
     torch's generator. rowwise_amax / columnwise_amax: fp32 scalars to use instead of
-    computing the amaxes (the column-wise one is post-RHT when `rht`).
+    computing the amaxes (the column-wise one is post-RHT when `rht`). sr_per_rank: fold
+    the torch.distributed rank into the stochastic-rounding seed (``Recipe.sr_per_rank``).
     """
     check_quantize_args(
         x, rowwise=rowwise, columnwise=columnwise, rht=rht, sign_mask=sign_mask, block_2d=block_2d, grouped=False
     )
     check_amax_arg("rowwise_amax", rowwise_amax, 1)
     check_amax_arg("columnwise_amax", columnwise_amax, 1)
+    check_quantize_operand(x, stochastic_rounding=stochastic_rounding, sr_per_rank=sr_per_rank)
     out = torch.ops.nvfp4.quantize(
-        x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax
+        x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax,
+        None, sr_per_rank,
     )
     return NVFP4Tensor(*_present(out, rowwise, columnwise))
 
@@ -60,6 +65,7 @@ def group_quantize(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
+    sr_per_rank: bool = True,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor whose rows are G groups of sizes `group_sizes` (an int
     tensor on x's device), each group with its own amaxes (SPEC 4). Options as
@@ -71,7 +77,9 @@ def group_quantize(
     check_group_sizes_meta(group_sizes)
     check_amax_arg("rowwise_amax", rowwise_amax, group_sizes.shape[0])
     check_amax_arg("columnwise_amax", columnwise_amax, group_sizes.shape[0])
+    check_quantize_operand(x, stochastic_rounding=stochastic_rounding, sr_per_rank=sr_per_rank)
     out = torch.ops.nvfp4.group_quantize(
-        x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax
+        x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
+        None, sr_per_rank,
     )
     return NVFP4GroupedTensor(*_present(out[:6], rowwise, columnwise), out[6], group_sizes.to(torch.int64))

@@ -43,7 +43,7 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
-from ..numerics import columnwise_capacity
+from ..numerics import columnwise_capacity, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
@@ -99,6 +99,7 @@ def grouped_mlp_fwd(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
+    sr_per_rank: bool = True,
 ) -> list[Tensor]:
     """[Y, *SavedForBackward] — D's column-wise data and scales empty with recompute (D is
     rebuilt in the backward).
@@ -164,7 +165,7 @@ def grouped_mlp_bwd_fc2(
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
     d_col_amax: Tensor, d_col_data: Tensor, d_col_scale: Tensor, *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, stochastic_rounding: bool,
-    recompute: bool, target: str, fused_dgrad: bool,
+    recompute: bool, target: str, fused_dgrad: bool, sr_per_rank: bool = True,
 ) -> list[Tensor]:
     """The backward up to dC's NVFP4 copies: [dW2, dprobs (empty without probs), dC row-wise
     (data, scale, amax), dC column-wise (data, scale, amax)]. SR seeds drawn dY first, then dC.
@@ -174,9 +175,10 @@ def grouped_mlp_bwd_fc2(
     (``del``). GEMMs draw no random bits, so their order changes no result."""
     steps = steps_for(target, dy.device)
 
-    def quantize_grad(t):
+    def quantize_grad(t):  # the seed drawn as the eager group_quantize op draws it
+        seed = draw_seed(sr_per_rank) if stochastic_rounding else None
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                    stochastic_rounding=stochastic_rounding)
+                                    stochastic_rounding=stochastic_rounding, seed=seed)
 
     dyq = quantize_grad(dy.contiguous())
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
@@ -228,6 +230,7 @@ class BackwardOptions(NamedTuple):
     recompute: bool
     target: str
     fused_dgrad: bool
+    sr_per_rank: bool = True
 
 
 def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor], group_sizes: Tensor,
@@ -251,7 +254,9 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
     x, fc1_weight, fc2_weight, group_sizes, probs = inputs
     ctx.save_for_backward(probs, group_sizes, *output[1:])
-    ctx.options = BackwardOptions(**{name: keyword_only_inputs[name] for name in BackwardOptions._fields})
+    # (an option left at its default may be absent from keyword_only_inputs)
+    ctx.options = BackwardOptions(**{name: keyword_only_inputs[name] for name in BackwardOptions._fields
+                                     if name in keyword_only_inputs})
     ctx.has_probs = probs is not None
 
 
@@ -292,7 +297,7 @@ def fused_grouped_mlp(
         return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
     return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
                            stochastic_rounding=recipe.stochastic_rounding, recompute=recompute,
-                           fused_dgrad=plan.fused_dgrad)[0]
+                           fused_dgrad=plan.fused_dgrad, sr_per_rank=recipe.sr_per_rank)[0]
 
 
 def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):

@@ -12,6 +12,7 @@ import torch
 from ..activations import get_activation
 from ..constants import BLOCK
 from .nodes import val
+from .placements import dtensor_reason
 from .site import Site, Weight
 
 
@@ -23,6 +24,8 @@ def weight_shape(weight: Weight) -> tuple:
 
 
 def can_grouped_mlp(site: Site) -> str | None:
+    if reason := dtensor_reason(site):  # before anything reads a DTensor's fake value
+        return reason
     x = val(site.x)
     weights = {"fc1 weight": site.fc1_weight, "fc2 weight": site.fc2_weight}
     if site.fc1_up_weight is not None:

@@ -1,0 +1,604 @@
+"""Scale-out scenarios for tests/test_distributed.py: one process per rank, every scenario in
+one launch (each process pays torch's import and its compiles once), results written back
+as JSON. pytest-free: ``launch`` starts the ranks the way torchrun does (RANK, WORLD_SIZE,
+MASTER_ADDR=127.0.0.1, a free MASTER_PORT) and returns each rank's results.
+
+    python tests/distributed_scenarios.py --out DIR [--device cuda] [scenario ...]   (per rank)
+
+Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tolerance:
+
+    fsdp2_compiled         FSDP2 (bf16), the MoE block compiled after fully_shard (aot_eager):
+                           every gradient == the single-process run of each rank's batch,
+                           summed and divided by the world size; one site rewritten
+    fsdp2_mixed_precision  the same with fp32 parameters and MixedPrecisionPolicy(bf16)
+    fsdp2_inductor         the experts compiled with Inductor under FSDP2 (the one Inductor case)
+    ep_eager               expert parallel: rows and per-expert counts dispatched with
+                           all_to_all_single, G/W experts per rank, combined back: Y, dX, dprob,
+                           dW1, dW2 == a single-process G-expert run over every rank's tokens
+    ep_one_graph           the same layer compiled whole (fullgraph, functional collectives,
+                           counts .tolist() under capture_scalar_outputs): one graph, one site
+    dtensor_shard0         GroupedMLP with Shard(0) DTensor experts and local rows, eager and
+                           compiled == the local G/W-expert run; gradients Shard(0)
+    dtensor_replicate      all-Replicate DTensors: eager and compiled (site rejected with its
+                           reason) == the plain run; SR with sr_per_rank raises, without it matches
+    dtensor_rejections     other placements: a ValueError naming the argument; explain gives the
+                           reason for a grouped_mm site with DTensor weights
+    sr_ranks               stochastic rounding: the seed rule, bits reproducible run to run, ranks
+                           drawing different bits (the same with sr_per_rank=False), compiled ==
+                           eager per rank
+
+Stochastic rounding is on wherever a single-process reference can reproduce it
+(``Recipe(sr_per_rank=False)``, every rank seeded alike before its step, the reference seeded
+the same before each rank's batch); expert parallelism quantizes each rank's rows as one
+matrix, so its Philox block indices differ from the single-process run: SR off there.
+CPU runs use the reference target (the Triton interpreter would cost minutes and changes
+nothing about composition); a CUDA run uses whatever the policy picks, as users get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+
+import nvfp4_inductor as nv
+from nvfp4_inductor.numerics import draw_seed
+
+from _assertions import assert_bytes_equal
+
+G, H, F, T = 4, 32, 32, 48  # experts, hidden, ffn, tokens per rank
+BF16 = torch.bfloat16
+SR_SINGLE = nv.Recipe(sr_per_rank=False)  # SR on, reproducible by a single process
+RNE = nv.Recipe(stochastic_rounding=False)
+STEP_SEED = 7
+
+CPU_SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph",
+                 "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
+GPU_SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph")
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world_size: int, out_dir, *, device: str = "cpu", scenarios=(), timeout: float = 240.0) -> dict:
+    """Run the scenarios in `world_size` processes; {rank: {scenario: {"ok", "detail", "seconds"}}}.
+    A scenario a rank did not report (it crashed, or hung past `timeout`) fails with the tail
+    of that rank's output."""
+    out_dir = pathlib.Path(out_dir)
+    root = pathlib.Path(__file__).resolve().parent.parent
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+                   TORCHINDUCTOR_FORCE_DISABLE_CACHES="1", OMP_NUM_THREADS="1")
+        env.pop("TRITON_INTERPRET", None)  # CPU: the reference target (see the docstring)
+        log = open(out_dir / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, __file__, "--out", str(out_dir), "--device", device,
+                                        *scenarios], env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + timeout
+    for proc, log in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc, log in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    names = scenarios or (GPU_SCENARIOS if device == "cuda" else CPU_SCENARIOS)
+    results = {}
+    for rank in range(world_size):
+        path = out_dir / f"rank{rank}.json"
+        results[rank] = json.loads(path.read_text()) if path.exists() else {}
+        for name in names:
+            if name not in results[rank]:
+                tail = (out_dir / f"rank{rank}.log").read_text()[-3000:]
+                results[rank][name] = {"ok": False, "seconds": None, "detail": (
+                    f"not reported (exit code {procs[rank][0].returncode}); the rank's output:\n{tail}")}
+    return results
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class Context:
+    def __init__(self, device: str):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self._mesh = None
+
+    @property
+    def mesh(self):
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (self.world,))
+        return self._mesh
+
+
+def same(actual, expected, label):
+    assert_bytes_equal(actual.detach(), expected.detach(), label)
+
+
+def gather_bytes(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Every rank's copy of `t` as raw bytes (uint8), on the CPU."""
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    out = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(out, flat)
+    return [o.cpu() for o in out]
+
+
+def sites_rewritten() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["nvfp4"]["sites_rewritten"]
+
+
+def fresh_counters():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def tokens(rank: int, device):
+    """Rank `rank`'s batch: x (T, H) bf16, expert ids (T,), router probs (T,) fp32, dY (T, H)."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(T, H, generator=gen).to(BF16)
+    ids = torch.randint(0, G, (T,), generator=gen)
+    probs = torch.rand(T, generator=gen)
+    dy = torch.randn(T, H, generator=gen).to(BF16)
+    return tuple(t.to(device) for t in (x, ids, probs, dy))
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+
+class MoEBlock(nn.Module):
+    """Router (top-1 softmax), tokens sorted by expert, histc counts (no graph break, unlike
+    bincount), GroupedMLP experts, residual."""
+
+    def __init__(self, recipe, dtype=BF16, device=None):
+        super().__init__()
+        self.gate = nn.Linear(H, G, bias=False, dtype=dtype, device=device)
+        self.experts = nv.GroupedMLP(G, H, F, recipe=recipe, dtype=dtype, device=device)
+
+    def forward(self, x):
+        probs, ids = torch.softmax(self.gate(x).float(), dim=-1).max(dim=-1)
+        order = torch.argsort(ids, stable=True)
+        counts = torch.histc(ids.float(), bins=G, min=0, max=G - 1).to(torch.int32)
+        y = self.experts(x[order], counts, probs[order])
+        return x + y[torch.argsort(order)]
+
+
+class Model(nn.Module):
+    def __init__(self, recipe, dtype=BF16, device=None):
+        super().__init__()
+        self.moe = MoEBlock(recipe, dtype, device)
+        self.out = nn.Linear(H, H, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.out(self.moe(x))
+
+
+def _loss(model, x):
+    return model(x).float().square().mean()
+
+
+def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: str) -> str:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    recipe = SR_SINGLE
+    dtype = torch.float32 if mixed_precision else BF16
+    torch.manual_seed(0)
+    reference = Model(recipe, dtype, ctx.device)
+    model = Model(recipe, dtype, ctx.device)
+    model.load_state_dict(reference.state_dict())
+    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16)} if mixed_precision else {}
+    fully_shard(model.moe, **policy)
+    fully_shard(model, **policy)
+    fresh_counters()
+    target = model.moe if compile_what == "block" else model.moe.experts
+    target.compile(backend=nv.backend(recipe=recipe, compiler=compiler))  # after fully_shard
+    torch.manual_seed(STEP_SEED)  # every rank alike: with sr_per_rank=False, the reference's seeds
+    _loss(model, tokens(ctx.rank, ctx.device)[0]).backward()
+    assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"
+
+    # Single process: each rank's batch with the step's seed (bf16 copies of fp32 masters
+    # when mixed precision), gradients summed over ranks, divided by the world size.
+    compute = Model(recipe, BF16, ctx.device)
+    compute.load_state_dict({k: v.to(BF16) for k, v in reference.state_dict().items()})
+    total = {}
+    for rank in range(ctx.world):
+        compute.zero_grad()
+        torch.manual_seed(STEP_SEED)
+        _loss(compute, tokens(rank, ctx.device)[0]).backward()
+        for name, p in compute.named_parameters():
+            total[name] = p.grad.clone() if name not in total else total[name] + p.grad
+    gathered = {name: p.grad.full_tensor() for name, p in model.named_parameters()}  # collectives first
+    for name, grad in gathered.items():
+        same(grad, (total[name] / ctx.world).to(dtype), f"grad {name}")
+    return f"{len(total)} gradients bitwise, 1 site"
+
+
+def fsdp2_compiled(ctx):
+    return _fsdp2(ctx, mixed_precision=False, compile_what="block", compiler="aot_eager")
+
+
+def fsdp2_mixed_precision(ctx):
+    return _fsdp2(ctx, mixed_precision=True, compile_what="block", compiler="aot_eager")
+
+
+def fsdp2_inductor(ctx):
+    return _fsdp2(ctx, mixed_precision=False, compile_what="experts", compiler="inductor")
+
+
+# ----------------------------------------------------------------------------- expert parallel
+
+
+class ExpertParallelMoE(nn.Module):
+    """G experts split over the ranks, G/W each (as torchtitan does): rows sorted by expert,
+    per-expert counts exchanged and rows dispatched with all_to_all_single (functional
+    collectives, so the whole layer is one graph), the local experts on rows ordered by
+    (local expert, source rank), the results sent back and unsorted."""
+
+    def __init__(self, world: int, recipe, device=None):
+        super().__init__()
+        self.world, self.local = world, G // world
+        self.experts = nv.GroupedMLP(self.local, H, F, recipe=recipe, device=device)
+
+    def forward(self, x, expert_ids, probs):
+        group, world, local = dist.group.WORLD, self.world, self.local
+        order = torch.argsort(expert_ids, stable=True)
+        counts = torch.histc(expert_ids.float(), bins=G, min=0, max=G - 1).to(torch.int64)
+        received = funcol.all_to_all_single(counts, None, None, group)  # (W * G/W,): per source, local expert
+        send = counts.view(world, local).sum(1).tolist()
+        recv = received.view(world, local).sum(1).tolist()
+        rows = funcol.all_to_all_single_autograd(x[order], recv, send, group)
+        p = funcol.all_to_all_single_autograd(probs[order], recv, send, group)
+        expert_of_row = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(world), received,
+                                                output_size=rows.shape[0])
+        by_expert = torch.argsort(expert_of_row, stable=True)
+        y = self.experts(rows[by_expert], received.view(world, local).sum(0), p[by_expert])
+        y = funcol.all_to_all_single_autograd(y[torch.argsort(by_expert)], send, recv, group)
+        return y[torch.argsort(order)]
+
+
+def _ep(ctx: Context, *, compiled: bool) -> str:
+    torch.manual_seed(0)
+    full = nv.GroupedMLP(G, H, F, recipe=RNE, device=ctx.device)
+    layer = ExpertParallelMoE(ctx.world, RNE, ctx.device)
+    mine = slice(ctx.rank * layer.local, (ctx.rank + 1) * layer.local)
+    with torch.no_grad():
+        layer.experts.fc1_weight.copy_(full.fc1_weight[mine])
+        layer.experts.fc2_weight.copy_(full.fc2_weight[mine])
+
+    # Single process: every rank's tokens, rank order, sorted by expert (stable).
+    batches = [tokens(rank, ctx.device) for rank in range(ctx.world)]
+    x_all, ids_all, p_all, dy_all = (torch.cat(parts) for parts in zip(*batches))
+    x_all.requires_grad_(), p_all.requires_grad_()
+    order = torch.argsort(ids_all, stable=True)
+    y_all = full(x_all[order], torch.bincount(ids_all, minlength=G), p_all[order])[torch.argsort(order)]
+    y_all.backward(dy_all)
+
+    x, ids, p, dy = tokens(ctx.rank, ctx.device)
+    x.requires_grad_(), p.requires_grad_()
+    fresh_counters()
+    run = layer
+    if compiled:
+        run = torch.compile(layer, backend=nv.backend(recipe=RNE, compiler="aot_eager"), fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        y = run(x, ids, p)
+    y.backward(dy)
+    rows = slice(ctx.rank * T, (ctx.rank + 1) * T)
+    same(y, y_all[rows], "Y")
+    same(x.grad, x_all.grad[rows], "dX")
+    same(p.grad, p_all.grad[rows], "dprob")
+    same(layer.experts.fc1_weight.grad, full.fc1_weight.grad[mine], "dW1")
+    same(layer.experts.fc2_weight.grad, full.fc2_weight.grad[mine], "dW2")
+    if compiled:
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs == 1 and sites_rewritten() == 1, f"{graphs} graphs, {sites_rewritten()} sites; expected 1, 1"
+        return "Y, dX, dprob, dW1, dW2 bitwise; 1 graph, 1 site"
+    return "Y, dX, dprob, dW1, dW2 bitwise"
+
+
+def ep_eager(ctx):
+    return _ep(ctx, compiled=False)
+
+
+def ep_one_graph(ctx):
+    return _ep(ctx, compiled=True)
+
+
+# ----------------------------------------------------------------------------- DTensor
+
+
+def _distributed_mlp(ctx, placement, recipe):
+    """A GroupedMLP of G experts whose weights are DTensors with `placement`, and its plain twin."""
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.manual_seed(0)
+    plain = nv.GroupedMLP(G, H, F, recipe=recipe)
+    mlp = nv.GroupedMLP(G, H, F, recipe=recipe)
+    for name in ("fc1_weight", "fc2_weight"):
+        setattr(mlp, name, nn.Parameter(distribute_tensor(getattr(plain, name).detach(), ctx.mesh, [placement])))
+    return mlp, plain
+
+
+def _step(fn, x, sizes, probs, dy, seed=STEP_SEED):
+    torch.manual_seed(seed)
+    y = fn(x, sizes, probs)
+    y.backward(dy)
+    return y
+
+
+def _grads(fn, x, sizes, probs, dy):
+    """(Y, dX, dprobs) of one step with the step's seed."""
+    x, probs = x.clone().requires_grad_(), probs.clone().requires_grad_()
+    y = _step(fn, x, sizes, probs, dy)
+    return y, x.grad, probs.grad
+
+
+def dtensor_shard0(ctx):
+    from torch.distributed.tensor import DTensor, Shard
+
+    mlp, plain = _distributed_mlp(ctx, Shard(0), SR_SINGLE)
+    local = G // ctx.world
+    mine = slice(ctx.rank * local, (ctx.rank + 1) * local)
+    twin = nv.GroupedMLP(local, H, F, recipe=SR_SINGLE)  # the local run
+    with torch.no_grad():
+        twin.fc1_weight.copy_(plain.fc1_weight[mine])
+        twin.fc2_weight.copy_(plain.fc2_weight[mine])
+    x, _, p, dy = tokens(ctx.rank, "cpu")
+    sizes = torch.tensor([T // 3, T - T // 3] if local == 2 else [T // local] * local)
+    expected = _grads(twin, x, sizes, p, dy)
+    for compiled in (False, True):
+        fresh_counters()
+        mlp.zero_grad()
+        fn = torch.compile(mlp, backend=nv.backend(recipe=SR_SINGLE, compiler="aot_eager")) if compiled else mlp
+        how = "compiled" if compiled else "eager"
+        for label, a, b in zip(("Y", "dX", "dprobs"), _grads(fn, x, sizes, p, dy), expected):
+            same(a, b, f"{how} {label}")
+        for name in ("fc1_weight", "fc2_weight"):
+            grad = getattr(mlp, name).grad
+            assert isinstance(grad, DTensor) and tuple(grad.placements) == (Shard(0),), f"{how} {name}.grad: {grad!r}"
+            same(grad.to_local(), getattr(twin, name).grad, f"{how} d{name}")
+        if compiled:
+            assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"
+    return "eager and compiled == the local run; weight grads Shard(0) DTensors; 1 site"
+
+
+def dtensor_replicate(ctx):
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    x, _, p, dy = tokens(0, "cpu")  # replicated: every rank the same values
+    sizes = torch.tensor([10, 0, 22, T - 32])
+
+    def replicated(t):
+        return distribute_tensor(t, ctx.mesh, [Replicate()])
+
+    details = []
+    for recipe in (RNE, SR_SINGLE):
+        mlp, plain = _distributed_mlp(ctx, Replicate(), recipe)
+        expected = _grads(plain, x, sizes, p, dy)
+        for compiled in (False, True):
+            from torch._dynamo.utils import counters
+
+            fresh_counters()
+            fn = torch.compile(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager")) if compiled else mlp
+            mlp.zero_grad()
+            got = _grads(fn, replicated(x), replicated(sizes), replicated(p), replicated(dy))
+            how = f"{'compiled' if compiled else 'eager'} {'SR' if recipe.stochastic_rounding else 'RNE'}"
+            for label, a, b in zip(("Y", "dX", "dprobs"), got, expected):
+                assert isinstance(a, DTensor) and a.placements == (Replicate(),), f"{how} {label}: {a!r}"
+                same(a.to_local(), b, f"{how} {label}")
+            for name in ("fc1_weight", "fc2_weight"):
+                same(getattr(mlp, name).grad.to_local(), getattr(plain, name).grad, f"{how} d{name}")
+            if compiled:
+                assert counters["nvfp4"]["sites_rejected"] == 1 and sites_rewritten() == 0, dict(counters["nvfp4"])
+    details.append("RNE and SR (sr_per_rank=False), eager and compiled (site rejected) == plain run")
+    mlp, _ = _distributed_mlp(ctx, Replicate(), nv.Recipe())
+    try:
+        mlp(replicated(x), replicated(sizes), replicated(p))
+        raise AssertionError("SR with sr_per_rank=True on Replicate DTensors did not raise")
+    except ValueError as err:
+        assert "sr_per_rank" in str(err), str(err)
+        details.append("SR with sr_per_rank raises")
+    return "; ".join(details)
+
+
+def dtensor_rejections(ctx):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    x, _, p, _ = tokens(0, "cpu")
+    sizes = torch.tensor([10, 0, 22, T - 32])
+    checks = []
+
+    def raises(label, fn, *needles):
+        try:
+            fn()
+        except ValueError as err:
+            missing = [n for n in needles if n not in str(err)]
+            assert not missing, f"{label}: {missing} not in the error: {err}"
+            checks.append(label)
+            return
+        raise AssertionError(f"{label}: no ValueError")
+
+    # Rows sharded (x Shard(0)): no strategy; the error names x.
+    mlp, _ = _distributed_mlp(ctx, Replicate(), RNE)
+    rep = lambda t: distribute_tensor(t, ctx.mesh, [Replicate()])  # noqa: E731
+    raises("x Shard(0)", lambda: mlp(distribute_tensor(x, ctx.mesh, [Shard(0)]), rep(sizes), rep(p)), "x is a DTensor",
+           "Replicate")
+    # Experts sharded over features with local rows: the error names fc1_weight.
+    mlp, _ = _distributed_mlp(ctx, Shard(1), RNE)
+    raises("weights Shard(1)", lambda: mlp(x, sizes, p), "fc1_weight", "Shard(0)")
+    # A DTensor weight with a plain x: names both.
+    mlp, _ = _distributed_mlp(ctx, Replicate(), RNE)
+    raises("mixed", lambda: mlp(x, sizes, p), "fc1_weight", "x")
+    # A public quantizer on a Replicate DTensor: SR needs sr_per_rank=False.
+    raises("group_quantize SR", lambda: nv.group_quantize(rep(x), rep(sizes), stochastic_rounding=True),
+           "sr_per_rank")
+    torch.manual_seed(STEP_SEED)
+    q = nv.group_quantize(rep(x), rep(sizes), columnwise=True, stochastic_rounding=True, sr_per_rank=False)
+    torch.manual_seed(STEP_SEED)
+    expected = nv.group_quantize(x, sizes, columnwise=True, stochastic_rounding=True, sr_per_rank=False)
+    same(q.columnwise_data.to_local(), expected.columnwise_data, "group_quantize on Replicate, SR codes")
+    checks.append("group_quantize on Replicate DTensors")
+
+    # A grouped_mm spelling with DTensor weights: explain says why it was not rewritten, and
+    # the compiled run equals the eager one (stock PyTorch ops on DTensors).
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            w1 = torch.randn(G, F, H).mul(H ** -0.5).to(BF16)
+            w2 = torch.randn(G, H, F).mul(F ** -0.5).to(BF16)
+            self.w1 = nn.Parameter(distribute_tensor(w1, ctx.mesh, [Replicate()]))
+            self.w2 = nn.Parameter(distribute_tensor(w2, ctx.mesh, [Replicate()]))
+
+        def forward(self, x, offs):
+            h = torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offs)
+            return torch._grouped_mm(torch.relu(h) ** 2, self.w2.transpose(-2, -1), offs=offs)
+
+    experts = Experts()
+    offs = rep(torch.cumsum(sizes, 0, dtype=torch.int32))
+    report = nv.explain(experts, rep(x), offs)
+    reasons = [r[-1] for r in report.rejected]
+    assert not report.sites and len(reasons) == 1 and "x is a DTensor" in reasons[0], str(report)
+    checks.append(f"explain: {reasons[0][:50]}...")
+    fresh_counters()
+    compiled = torch.compile(experts, backend=nv.backend(compiler="aot_eager"))(rep(x), offs)
+    same(compiled.to_local(), experts(rep(x), offs).to_local(), "grouped_mm on DTensors, compiled vs eager")
+
+    # nvfp4::quantize_weights maps a Shard(0) expert stack to Shard(0) outputs.
+    w = torch.randn(G, F, H).to(BF16)
+    sharded = torch.ops.nvfp4.quantize_weights(distribute_tensor(w, ctx.mesh, [Shard(0)]), True)
+    plain = torch.ops.nvfp4.quantize_weights(w, True)
+    mine = slice(ctx.rank * (G // ctx.world), (ctx.rank + 1) * (G // ctx.world))
+    for i, (a, b) in enumerate(zip(sharded, plain)):
+        assert a.placements == (Shard(0),), a
+        same(a.to_local(), b[mine], f"quantize_weights output {i}, this rank's experts")
+    checks.append("quantize_weights Shard(0)")
+    return "; ".join(checks)
+
+
+# ----------------------------------------------------------------------------- stochastic rounding
+
+
+def sr_ranks(ctx):
+    """Every collective runs before any assertion, so a check failing on one rank cannot
+    leave the others waiting in a collective."""
+    rank, world = ctx.rank, ctx.world
+    labels = ("dX", "dprobs", "dW1", "dW2")
+    # The rule, in its one place: seed ^ (rank << 32); rank 0 keeps the single-process seed.
+    torch.manual_seed(11)
+    drawn = draw_seed()
+    torch.manual_seed(11)
+    folded = draw_seed(per_rank=True)
+
+    # Bits of one SR quantization of the same tensor on every rank, seeded alike.
+    x, _, p, dy = tokens(0, "cpu")
+    sizes = torch.tensor([16, 0, 20, T - 36])
+
+    def codes(per_rank):
+        torch.manual_seed(STEP_SEED)
+        q = nv.group_quantize(x, sizes, columnwise=True, rht=True, stochastic_rounding=True, sr_per_rank=per_rank)
+        return torch.cat([q.rowwise_data.reshape(-1), q.columnwise_data.reshape(-1)])
+
+    # Gradients of a GroupedMLP step with SR (default recipe, then sr_per_rank=False).
+    def step(recipe, compiled=False):
+        torch.manual_seed(0)
+        mlp = nv.GroupedMLP(G, H, F, recipe=recipe)
+        fn = mlp
+        if compiled:
+            fresh_counters()
+            fn = torch.compile(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager"))
+        _, dx, dp = _grads(fn, x, sizes, p, dy)
+        return [dx, dp, mlp.fc1_weight.grad, mlp.fc2_weight.grad]
+
+    first, again, shared = codes(True), codes(True), codes(False)
+    eager, twice, compiled, unfolded = step(nv.Recipe()), step(nv.Recipe()), step(nv.Recipe(), True), step(SR_SINGLE)
+    codes_per_rank, codes_shared = gather_bytes(first, world), gather_bytes(shared, world)
+    dx_per_rank, dx_shared = gather_bytes(eager[0], world), gather_bytes(unfolded[0], world)
+
+    checks = []
+    assert folded == drawn ^ (rank << 32), f"rank {rank}: draw_seed(per_rank=True) != seed ^ (rank << 32)"
+    checks.append("seed ^ (rank << 32)")
+    same(again, first, "SR codes, run twice")
+    if world > 1:
+        assert not torch.equal(codes_per_rank[0], codes_per_rank[1]), "ranks 0 and 1 drew identical SR bits"
+        differ = int((codes_per_rank[0] != codes_per_rank[1]).sum())
+        checks.append(f"ranks 0/1 codes differ in {differ} of {first.numel()} bytes")
+    assert all(torch.equal(c, codes_shared[0]) for c in codes_shared), "sr_per_rank=False: ranks drew different bits"
+    checks.append("sr_per_rank=False: equal codes")
+    for label, a, b, c in zip(labels, twice, compiled, eager):
+        same(a, c, f"SR {label}, run twice")
+        same(b, c, f"SR {label}, compiled vs eager on rank {rank}")
+    checks.append("SR grads reproducible, compiled == eager per rank")
+    if rank == 0:
+        for label, a, b in zip(labels, eager, unfolded):
+            same(a, b, f"rank 0 {label}: sr_per_rank on vs off")
+    if world > 1:
+        assert not torch.equal(dx_per_rank[0], dx_per_rank[1]), "ranks 0 and 1 got identical SR gradients"
+        checks.append("dX differs across ranks")
+    assert all(torch.equal(d, dx_shared[0]) for d in dx_shared), "sr_per_rank=False: ranks got different dX"
+    checks.append("sr_per_rank=False: equal dX")
+    return "; ".join(checks)
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scenarios", nargs="*")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    ctx = Context(args.device)
+    names = args.scenarios or (GPU_SCENARIOS if args.device == "cuda" else CPU_SCENARIOS)
+    results = {}
+    for name in names:
+        start = time.perf_counter()
+        try:
+            results[name] = {"ok": True, "detail": globals()[name](ctx)}
+        except Exception as err:  # reported back, the next scenario still runs
+            results[name] = {"ok": False, "detail": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=-3)}"}
+        results[name]["seconds"] = round(time.perf_counter() - start, 2)
+        pathlib.Path(args.out, f"rank{ctx.rank}.json").write_text(json.dumps(results, indent=1))
+        dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Scale-out (docs/distributed.md): FSDP2, expert parallelism and DTensor with the nvfp4
+backend, and rank-aware stochastic rounding, in real process groups.
+
+One launch runs every scenario of ``distributed_scenarios.py`` in 2 processes (gloo, CPU;
+``compiler="aot_eager"`` except one Inductor case), so torch's import and each compile are
+paid once per process; each test below reads its scenario's verdict from every rank.
+``pytest -m gpu`` runs the FSDP2 and expert-parallel scenarios with world size 1 over NCCL.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distributed_scenarios as scenarios
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+
+@pytest.fixture(scope="module")
+def cpu_results(tmp_path_factory):
+    return scenarios.launch(2, tmp_path_factory.mktemp("dist_cpu"), device="cpu", timeout=300)
+
+
+def _verdict(results: dict, name: str) -> None:
+    failed = {rank: r[name]["detail"] for rank, r in results.items() if not r.get(name, {}).get("ok")}
+    assert not failed, "\n".join(f"rank {rank}: {detail}" for rank, detail in failed.items())
+
+
+@pytest.mark.parametrize("name", scenarios.CPU_SCENARIOS)
+def test_two_ranks_on_cpu(cpu_results, name):
+    _verdict(cpu_results, name)
+
+
+@pytest.fixture(scope="module")
+def gpu_results(tmp_path_factory):
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("needs a CUDA device and NCCL")
+    return scenarios.launch(1, tmp_path_factory.mktemp("dist_gpu"), device="cuda", timeout=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", scenarios.GPU_SCENARIOS)
+def test_world_size_one_over_nccl(gpu_results, name):
+    _verdict(gpu_results, name)
