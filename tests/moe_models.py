@@ -432,3 +432,156 @@ class TwoLayerModel(nn.Module):
 
     def inputs(self, seed):
         return (_x(seed, 2, T // (2 * TOP_K), H),)
+
+
+# ----------------------------------------------------------------------------- transformers 5.x, release by release
+
+
+class ReLUSquared(nn.Module):
+    """transformers' ``ACT2FN["relu2"]`` (ReLUSquaredActivation): relu, then torch.square."""
+
+    def forward(self, x):
+        return torch.square(F.relu(x))
+
+
+HF_RELEASES = ("5.0", "5.2", "5.4", "5.6", "5.8", "5.17", "5.18", "5.20")
+
+
+class HFExpertsRelease(nn.Module):
+    """transformers' ``grouped_mm_experts_forward`` (``integrations/moe.py``) as each 5.x
+    release spells it, re-created in plain PyTorch from the released wheels. ``release`` is
+    the first release of a spelling, in force until the next one listed:
+
+      5.0   argsort; x gathered by token_idx, then by perm; inv_perm = argsort(perm); prob
+            column ``top_k_weights.reshape(-1, 1)[perm]``; ``torch._grouped_mm`` direct
+      5.2   ``_grouped_mm`` helper: ``F.grouped_mm(input.to(weight.dtype), ...)``;
+            ``sample_weights_g.unsqueeze(-1)``
+      5.4   ``has_gate`` / ``act_fn`` (non-gated ``up_proj`` experts), inv_perm by index_put
+            (and transformers' fallback op for non-bf16 weights under compile: not here)
+      5.6   expert ids clamped before the sort (expert-parallel sentinels land in the last
+            group); ``weighted_out.masked_fill_(invalid_g[:, None], 0.0)`` after the prob
+      5.8   (to 5.16) ``torch.sort``, ``hidden[perm // top_k]``, sentinels sorted to the tail
+            and left out of the offsets; ``x.masked_fill_(m, 0.0)`` before fc1 and
+            ``weighted_out.masked_fill_(m, 0.0)`` after the prob, always
+      5.17  ``x.masked_fill_(m, 0.0)``, then ``proj_out.masked_fill(m, 0.0)`` after fc1 and
+            after fc2 (before the prob), always
+      5.18  (5.18-5.19) the 5.17 masks only under expert parallelism (``ep=True``)
+      5.20  (5.20-5.24) and an optional post-expert norm after fc2 (``post_norm=True``)
+
+    act: "silu" (gated: ``gate_up_proj`` (G, 2F, H), ``act_fn(gate) * up`` of a chunk;
+    Qwen3-MoE, Mixtral, OLMoE, DeepSeek) or "relu2" (``up_proj`` (G, F, H), ``act_fn(h)``;
+    Nemotron-H). ep: expert ids >= G are sentinels (the 5.18+ masks are applied)."""
+
+    def __init__(self, release, act="silu", ep=False, post_norm=False, bias=False, hidden=H, ffn=FF):
+        super().__init__()
+        assert release in HF_RELEASES, release
+        self.release, self.ep, self.num_experts = release, ep, G
+        self.has_gate = act == "silu"
+        self.act_fn = nn.SiLU() if self.has_gate else ReLUSquared()
+        if self.has_gate:
+            self.gate_up_proj = _param(G, 2 * ffn, hidden)
+        else:
+            self.up_proj = _param(G, ffn, hidden)
+        self.down_proj = _param(G, hidden, ffn)
+        self.has_bias = bias
+        self.up_bias = _param(G, (2 if self.has_gate else 1) * ffn) if bias else None
+        self.post_expert_norm = nn.RMSNorm(hidden, dtype=BF16) if post_norm else None
+
+    def _apply_gate(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def _mm(self, x, w, offsets):
+        if self.release == "5.0":
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)
+        return F.grouped_mm(x.to(w.dtype), w.transpose(-2, -1), offs=offsets)
+
+    def _fc1(self, x, offsets, expert_ids_g):
+        w = self.gate_up_proj if self.has_gate else self.up_proj
+        out = self._mm(x, w, offsets)
+        if self.up_bias is not None:
+            bias = self.up_bias[expert_ids_g]
+            out = out + bias if self.release in ("5.0", "5.2", "5.4", "5.6") else out.add_(bias)
+        return out
+
+    def _act(self, h):
+        return self._apply_gate(h) if self.has_gate else self.act_fn(h)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        r = self.release
+        num_top_k, num_tokens, hidden_dim = top_k_index.size(-1), hidden_states.size(0), hidden_states.size(-1)
+        if r in ("5.0", "5.2", "5.4", "5.6"):
+            token_idx = torch.arange(num_tokens).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+            expert_ids = top_k_index.reshape(-1)
+            if r == "5.0":
+                sample_weights = top_k_weights.reshape(-1, 1)
+            else:
+                sample_weights = top_k_weights.reshape(-1)
+            if r == "5.6":
+                invalid_mask = expert_ids >= self.num_experts
+                expert_ids = expert_ids.clamp(0, self.num_experts - 1)
+                perm = torch.argsort(expert_ids)
+                selected_hidden_states_g = hidden_states[token_idx[perm]]
+            else:
+                selected_hidden_states = hidden_states[token_idx]
+                perm = torch.argsort(expert_ids)
+                selected_hidden_states_g = selected_hidden_states[perm]
+            if r == "5.0":
+                inv_perm = torch.argsort(perm)
+            else:
+                inv_perm = torch.empty_like(perm)
+                inv_perm[perm] = torch.arange(perm.size(0))
+            expert_ids_g = expert_ids[perm]
+            sample_weights_g = sample_weights[perm]
+            per_expert = torch.histc(expert_ids_g.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+            offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
+            out = self._mm(self._act(self._fc1(selected_hidden_states_g, offsets, expert_ids_g)), self.down_proj,
+                           offsets)
+            weighted_out = out * (sample_weights_g if r == "5.0" else sample_weights_g.unsqueeze(-1))
+            if r == "5.6":
+                weighted_out.masked_fill_(invalid_mask[perm].unsqueeze(-1), 0.0)
+            weighted_out = weighted_out[inv_perm]
+            return weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+        sample_weights = top_k_weights.reshape(-1)
+        expert_ids = top_k_index.reshape(-1)
+        expert_ids_g, perm = torch.sort(expert_ids)
+        selected_hidden_states_g = hidden_states[perm // num_top_k]
+        sample_weights_g = sample_weights[perm]
+        tokens_per_expert = torch.histc(expert_ids_g.float(), bins=self.num_experts, min=0,
+                                        max=self.num_experts - 1)
+        offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+        sentinel_mask = None
+        if r in ("5.8", "5.17") or self.ep:
+            sentinel_mask = (expert_ids_g >= self.num_experts).unsqueeze(-1)
+            expert_ids_g.clamp_(max=self.num_experts - 1)
+        if sentinel_mask is not None:
+            selected_hidden_states_g.masked_fill_(sentinel_mask, 0.0)
+        proj_out = self._fc1(selected_hidden_states_g, offsets, expert_ids_g)
+        if sentinel_mask is not None and r != "5.8":
+            proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
+        proj_out = self._mm(self._act(proj_out), self.down_proj, offsets)
+        if sentinel_mask is not None and r != "5.8":
+            proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
+        if self.post_expert_norm is not None:
+            proj_out = self.post_expert_norm(proj_out)
+        weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
+        if sentinel_mask is not None and r == "5.8":
+            weighted_out.masked_fill_(sentinel_mask, 0.0)
+        inv_perm = torch.empty_like(perm)
+        inv_perm[perm] = torch.arange(perm.size(0))
+        weighted_out = weighted_out[inv_perm]
+        return weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+
+class SentinelMoeBlock(SparseMoeBlock):
+    """A sparse block whose router marks every fifth routed slot as an expert-parallel
+    sentinel (expert id G, weight 0), as transformers' EP dispatch does for tokens routed
+    to experts on other ranks."""
+
+    def forward(self, hidden_states):
+        weights, ids = self.router(hidden_states)
+        sentinel = (torch.arange(ids.numel()).view_as(ids) % 5) == 0
+        ids = torch.where(sentinel, G, ids)
+        weights = torch.where(sentinel, 0.0, weights)
+        return self.experts(hidden_states, ids, weights)
