@@ -585,3 +585,156 @@ class SentinelMoeBlock(SparseMoeBlock):
         ids = torch.where(sentinel, G, ids)
         weights = torch.where(sentinel, 0.0, weights)
         return self.experts(hidden_states, ids, weights)
+
+
+class DataDependentRowsMoE(nn.Module):
+    """The local half of an expert-parallel layer in one graph, as a single process: the
+    rows this rank computes are data-dependent (``nonzero`` on the routing picks the rows
+    for local experts, ``counts.tolist()`` + ``repeat_interleave`` build the row order), so
+    T is an unbacked size. Needs ``capture_scalar_outputs`` and
+    ``capture_dynamic_output_shape_ops``. SwiGLU grouped_mm experts, prob on the output."""
+
+    def __init__(self, hidden=H, ffn=FF):
+        super().__init__()
+        self.w13, self.w2 = _param(G, 2 * ffn, hidden), _param(G, hidden, ffn)
+
+    def forward(self, x, ids, probs):
+        local = (ids < G).nonzero().squeeze(-1)                      # rows routed to this rank
+        rows, experts, p = x[local], ids[local], probs[local]
+        order = torch.argsort(experts, stable=True)
+        counts = torch.histc(experts.float(), bins=G, min=0, max=G - 1).to(torch.int64)
+        sizes = counts.tolist()                                       # host sizes, as an all-to-all split
+        for s in sizes:
+            torch._check_is_size(s)
+        group_of_row = torch.repeat_interleave(torch.arange(G), counts, output_size=sum(sizes))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        xs, ps = rows[order], p[order]
+        h = torch._grouped_mm(xs, self.w13.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offs)
+        y = y * ps.unsqueeze(-1) + 0 * group_of_row.unsqueeze(-1).to(y.dtype)
+        return torch.zeros_like(x).index_add(0, local[order], y)
+
+    def inputs(self, seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 2 * G, (T,), generator=gen)             # ids >= G live on another rank
+        return _x(seed, T, H), ids, _probs(seed, T)
+
+
+class TitanGroupedExperts030(nn.Module):
+    """torchtitan 0.3.0's ``GroupedExperts`` (models/common/moe.py): ``w1_EFD``, ``w3_EFD``
+    (G, F, H) and ``w2_EDF`` (G, H, F) in any dtype, cast to bf16 at each grouped GEMM."""
+
+    def __init__(self, dtype=BF16, hidden=H, ffn=FF):
+        super().__init__()
+        self.num_experts = G
+        self.w1_EFD, self.w3_EFD = _param(G, ffn, hidden, dtype=dtype), _param(G, ffn, hidden, dtype=dtype)
+        self.w2_EDF = _param(G, hidden, ffn, dtype=dtype)
+
+    def forward(self, x_RD, num_tokens_per_expert_E):
+        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        h_RF = F.silu(self._grouped_mm(A=x_RD.bfloat16(), B_t=self.w1_EFD.bfloat16().transpose(-2, -1),
+                                       offs=offsets_E))
+        h_RF = h_RF * self._grouped_mm(A=x_RD.bfloat16(), B_t=self.w3_EFD.bfloat16().transpose(-2, -1),
+                                       offs=offsets_E)
+        return self._grouped_mm(A=h_RF, B_t=self.w2_EDF.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
+
+    def _grouped_mm(self, *, A, B_t, offs):
+        return torch._grouped_mm(A, B_t, offs=offs)
+
+
+class TitanMoE030(nn.Module):
+    """torchtitan 0.3.0's ``MoE`` with the ``LocalTokenDispatcher`` (no expert parallelism),
+    re-created from models/common/moe.py and token_dispatcher.py: sigmoid top-k router (the
+    gate run in fp32), counts from a one-hot routing map, dispatch by a stable argsort
+    (``x[idx // top_k]``), the grouped experts, scores applied in ``combine`` after them
+    (``(out.float() * scores[:, None]).to(dtype)``), ``scatter_add`` back (torchtitan's
+    ``deterministic_scatter_add`` op is ``out.scatter_add`` under deterministic mode), and a
+    shared SwiGLU expert. ``dtype`` is the parameters' (fp32 master weights: the experts
+    cast them to bf16 themselves)."""
+
+    def __init__(self, dtype=BF16):
+        super().__init__()
+        self.gate = nn.Linear(H, G, bias=False, dtype=dtype)
+        self.experts = TitanGroupedExperts030(dtype)
+        self.shared_experts = SwiGLUMLP().to(dtype)
+        self.top_k = TOP_K
+
+    def forward(self, x_BLD):
+        B, L, D = x_BLD.shape
+        with torch.autocast(device_type=x_BLD.device.type, dtype=torch.float32):
+            scores_BLE = self.gate(x_BLD)
+        scores_BLE = torch.sigmoid(scores_BLE.float())
+        _, topk_expert_ids_BLK = torch.topk(scores_BLE, k=self.top_k, dim=-1, sorted=False)
+        topk_scores_BLK = scores_BLE.gather(dim=-1, index=topk_expert_ids_BLK)
+        routing_map_BLE = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, topk_expert_ids_BLK, True)
+        num_tokens_per_expert_E = routing_map_BLE.sum(dim=(0, 1))
+        x_TD = x_BLD.view(B * L, D)
+        idx_N = torch.argsort(topk_expert_ids_BLK.view(-1), stable=True)
+        scores_N = topk_scores_BLK.view(-1)[idx_N]
+        idx_N = idx_N // self.top_k
+        routed_output_RD = self.experts(x_TD[idx_N], num_tokens_per_expert_E)
+        routed_output_RD = (routed_output_RD.to(torch.float32) * scores_N.reshape(-1, 1)).to(routed_output_RD.dtype)
+        out_TD = torch.zeros_like(x_TD).scatter_add(0, idx_N.reshape(-1, 1).expand(-1, D), routed_output_RD)
+        return (out_TD + self.shared_experts(x_TD)).view(B, L, D)
+
+    def inputs(self, seed):
+        return (_x(seed, 2, T // (2 * TOP_K), H, dtype=self.gate.weight.dtype),)
+
+
+class MaskedGroupedMM(nn.Module):
+    """A grouped_mm SReLU / SwiGLU block with a bool row mask applied at ``where``:
+    "x" (in place, before fc1), "fc1" (fc1 output), "d" (fc2 input), "fc2" (fc2 output,
+    before the prob), "out" (after the prob), "out_inplace" (``masked_fill_`` after the
+    prob); ``form``: "masked_fill", "where" (``where(m, 0, t)``), "keep_where"
+    (``where(~m, t, 0)``), "mul" (``t * (~m).to(dtype)``). Near-misses: ``form="fill_one"``
+    (fills 1.0), ``extra="clamp"`` (a clamp on fc1's output), ``extra="norm"`` (an RMSNorm on
+    fc2's output before the prob, as transformers' post-expert norm)."""
+
+    def __init__(self, where="fc1", form="masked_fill", act="srelu_pow", extra=None):
+        super().__init__()
+        self.act, _, mult = ACTIVATIONS[act]
+        self.where, self.form, self.extra = where, form, extra
+        self.w1, self.w2 = _param(G, mult * FF, H), _param(G, H, FF)
+        self.norm = nn.RMSNorm(H, dtype=BF16) if extra == "norm" else None
+
+    def _mask(self, t, m):
+        if self.form == "masked_fill":
+            return t.masked_fill(m, 0.0)
+        if self.form == "where":
+            return torch.where(m, 0.0, t)
+        if self.form == "keep_where":
+            return torch.where(~m, t, 0.0)
+        if self.form == "mul":
+            return t * (~m).to(t.dtype)
+        return t.masked_fill(m, 1.0)  # fill_one
+
+    def forward(self, x, offs, probs, mask):
+        m = mask.unsqueeze(-1)
+        if self.where == "x":
+            x = x.clone()
+            x.masked_fill_(m, 0.0)
+        h = torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offs)
+        if self.extra == "clamp":
+            h = h.clamp(max=7.0)
+        if self.where == "fc1":
+            h = self._mask(h, m)
+        d = self.act(h)
+        if self.where == "d":
+            d = self._mask(d, m)
+        y = torch._grouped_mm(d, self.w2.transpose(-2, -1), offs=offs)
+        if self.where == "fc2":
+            y = self._mask(y, m)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = y * probs.unsqueeze(-1)
+        if self.where == "out":
+            y = self._mask(y, m)
+        if self.where == "out_inplace":
+            y.masked_fill_(m, 0.0)
+        return y
+
+    def inputs(self, seed):
+        offs = torch.cumsum(_sizes(seed), 0, dtype=torch.int32)
+        mask = (torch.arange(T) % 3) == 0
+        return _x(seed, T, H), offs, _probs(seed, T), mask

@@ -57,6 +57,7 @@ from .nodes import (
     int_index,
     is_column_of,
     is_op,
+    not_a_row_mask,
     op_name,
     op_of,
     row_mask,
@@ -111,8 +112,8 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
     for h in fc1_outputs:
         gemm = strip_row_masks(h, masks, nodes)
         if not is_gemm(gemm):
-            return (f"activation input `{h.name}` ({op_name(h)}) is not the output of the fc1 "
-                    f"grouped GEMM")
+            return (f"activation input `{gemm.name}` ({op_name(gemm)}{not_a_row_mask(gemm)}) is not the output "
+                    f"of the fc1 grouped GEMM")
         gemms.append(gemm)
     region = [*nodes, *region]
     for node in (*gemms, *region):  # in-place masks: ``h.masked_fill_(m, 0)``

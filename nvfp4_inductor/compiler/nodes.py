@@ -243,6 +243,18 @@ def row_mask(node) -> tuple[RowMask, Node] | None:
     return None
 
 
+def not_a_row_mask(node) -> str:
+    """Why a ``masked_fill`` / ``where`` node is not a row mask (for reasons), else ""."""
+    if row_mask(node) is not None or not is_op(node, torch.masked_fill, torch.Tensor.masked_fill_, torch.where):
+        return ""
+    if is_op(node, torch.where):
+        return "; not where(m, 0, t) / where(m, t, 0) with a bool (T, 1) row mask m"
+    value = arg(node, 2, "value")
+    if not _is_zero(value):
+        return f"; it fills {value!r}, a row mask fills 0"
+    return "; its mask is not a bool (T, 1) column of the rows"
+
+
 def inplace_row_masks(node: Node) -> list[RowMask]:
     """The in-place row masks applied to ``node`` (``node.masked_fill_(m, 0)``)."""
     found = []

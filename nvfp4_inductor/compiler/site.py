@@ -154,8 +154,8 @@ def location_of(node: torch.fx.Node) -> str:
     """``"<module path> (<file>:<line> in <fn>)"`` of the user code that produced ``node``:
     the innermost frame in the file that defines the innermost module of the node's module
     stack (for a transformers model, the model file's line that calls the experts, not
-    ``integrations/moe.py`` or ``torch/nn/functional.py``); else the innermost frame outside
-    torch; else the innermost frame."""
+    ``integrations/moe.py`` or ``torch/nn/functional.py``); else in the file of the compiled
+    code; else the innermost frame outside torch; else the innermost frame."""
     parts = []
     module_stack = node.meta.get("nn_module_stack")
     files = []
@@ -202,7 +202,9 @@ def _user_frame(stack_trace: str, module_files: list[str]) -> str:
     if not frames:
         return ""
     real = [(os.path.realpath(f), f, line, fn) for f, line, fn in frames]
-    for module_file in module_files:  # innermost module first
+    # the files of the module stack, innermost module first; then the compiled code's own
+    # file (the outermost frame: the caller of a library's module built standalone)
+    for module_file in [*module_files, real[0][0]]:
         for path, f, line, fn in reversed(real):
             if path == module_file:
                 return f"{os.path.basename(f)}:{line} in {fn}"
