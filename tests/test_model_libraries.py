@@ -77,7 +77,8 @@ def _forms():
         act = getattr(experts, "act_fn", None)
         key = (type(act).__name__ if isinstance(act, torch.nn.Module) else getattr(act, "__name__", None),
                getattr(experts, "has_gate", True), getattr(experts, "is_transposed", False),
-               getattr(experts, "has_bias", False), type(experts)._apply_gate.__qualname__)
+               getattr(experts, "has_bias", False), getattr(experts, "has_post_expert_norm", False),
+               type(experts)._apply_gate.__qualname__)
         forms.setdefault(key, case)
     return list(forms.values())
 
