@@ -186,3 +186,12 @@ def test_batched_mm_is_rejected_with_its_reason():
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", experts_implementation="batched_mm"))
     report = nv.explain(model, lib.input_ids())
     assert report.sites == [] and any("per-token" in reason for *_, reason in report.rejected), str(report)
+
+
+def test_fp32_master_weights_under_bf16_autocast_with_inductor():
+    """The same step with Inductor's code generation on both sides (the ops around the
+    expert block compiled by stock Inductor in the eager-semantics run too)."""
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compared = nv.compare(model, lib.input_ids(), surroundings="inductor")
+    assert compared.bitwise, str(compared)
