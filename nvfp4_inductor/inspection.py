@@ -242,6 +242,7 @@ class SiteReport:
     backward_steps: list[tuple[str, str]]
     saved: list[tuple[str, str, tuple, int]]  # (name, dtype, shape, bytes)
     specialisation: str = ""  # what Dynamo specialised the site's routing on
+    estimated: bool = False  # saved bytes from size hints: some sizes are data-dependent
 
     @property
     def saved_bytes(self) -> int:
@@ -274,6 +275,9 @@ class ExplainReport:
                 out.append(format_table(["backward step", "runs"], [list(step) for step in s.backward_steps]))
                 out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
                                         [[n, d, "x".join(map(str, sh)), _bytes(b)] for n, d, sh, b in s.saved]))
+                if s.estimated:
+                    out.append("(estimated: data-dependent sizes taken as their size hints, an unbacked "
+                               "row count as torch._inductor.config.unbacked_symint_fallback)")
         if self.rejected:
             out.append("\nnot rewritten (run as stock Inductor would):")
             out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
@@ -297,22 +301,41 @@ def _bytes(n: int) -> str:
 
 
 def _concrete(shape) -> tuple:
-    return tuple(int(s) if not isinstance(s, torch.SymInt) else s.node.hint or 0 for s in shape)
+    return tuple(_size_hint(s)[0] for s in shape)
+
+
+def _size_hint(size) -> tuple[int, bool]:
+    """``(value, estimated)`` of a size: an int, a backed SymInt's hint, or for a
+    data-dependent (unbacked) size Inductor's ``unbacked_symint_fallback`` for each unbacked
+    symbol (no guard is taken; PITFALLS.md: unbacked sizes)."""
+    if not isinstance(size, torch.SymInt):
+        return int(size), False
+    if size.node.hint is not None:
+        return int(size.node.hint), False
+    from torch._inductor.config import unbacked_symint_fallback
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    import sympy
+
+    expr = size.node.expr
+    expr = expr.xreplace({u: sympy.Integer(unbacked_symint_fallback) for u in free_unbacked_symbols(expr)})
+    return int(expr if not expr.free_symbols else size.node.shape_env.size_hint(expr)), True
 
 
 def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
     from .compiler.nodes import val
 
     x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
+    kept = saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation, recompute=options.recompute)
     saved = [
         (name, str(t.dtype).replace("torch.", ""), _concrete(t.shape), math.prod(_concrete(t.shape)) * t.element_size())
-        for name, t in saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation,
-                                          recompute=options.recompute)
+        for name, t in kept
     ]
     fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=options.recompute,
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
+    estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site))
+                      _specialisation(site), estimated)
 
 
 def _specialisation(site) -> str:

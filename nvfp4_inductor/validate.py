@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .activations import activation_names, get_activation
 from .constants import BLOCK
@@ -139,7 +140,9 @@ def check_grouped_mlp_args(
     check_multiple_of_16("F (ffn)", ffn)
     if probs is not None:
         check_dtype("probs", probs, (torch.float32, torch.bfloat16))
-        if probs.dim() != 1 or probs.shape[0] != x.shape[0]:
+        # guard_or_false: with data-dependent row counts the two may be different unbacked
+        # symbols; no guard is taken on them (the ops check values at run time)
+        if probs.dim() != 1 or guard_or_false(probs.shape[0] != x.shape[0]):
             raise ValueError(f"probs must be (T,) = ({x.shape[0]},); got shape {tuple(probs.shape)}")
     devices = {t.device for t in (x, fc1_weight, fc2_weight, group_sizes) + ((probs,) if probs is not None else ())}
     if len(devices) > 1:

@@ -432,3 +432,309 @@ class TwoLayerModel(nn.Module):
 
     def inputs(self, seed):
         return (_x(seed, 2, T // (2 * TOP_K), H),)
+
+
+# ----------------------------------------------------------------------------- transformers 5.x, release by release
+
+
+class ReLUSquared(nn.Module):
+    """transformers' ``ACT2FN["relu2"]`` (ReLUSquaredActivation): relu, then torch.square."""
+
+    def forward(self, x):
+        return torch.square(F.relu(x))
+
+
+HF_RELEASES = ("5.0", "5.2", "5.4", "5.6", "5.8", "5.17", "5.18", "5.20")
+
+
+class HFExpertsRelease(nn.Module):
+    """transformers' ``grouped_mm_experts_forward`` (``integrations/moe.py``) as each 5.x
+    release spells it, re-created in plain PyTorch from the released wheels. ``release`` is
+    the first release of a spelling, in force until the next one listed:
+
+      5.0   argsort; x gathered by token_idx, then by perm; inv_perm = argsort(perm); prob
+            column ``top_k_weights.reshape(-1, 1)[perm]``; ``torch._grouped_mm`` direct
+      5.2   ``_grouped_mm`` helper: ``F.grouped_mm(input.to(weight.dtype), ...)``;
+            ``sample_weights_g.unsqueeze(-1)``
+      5.4   ``has_gate`` / ``act_fn`` (non-gated ``up_proj`` experts), inv_perm by index_put
+            (and transformers' fallback op for non-bf16 weights under compile: not here)
+      5.6   expert ids clamped before the sort (expert-parallel sentinels land in the last
+            group); ``weighted_out.masked_fill_(invalid_g[:, None], 0.0)`` after the prob
+      5.8   (to 5.16) ``torch.sort``, ``hidden[perm // top_k]``, sentinels sorted to the tail
+            and left out of the offsets; ``x.masked_fill_(m, 0.0)`` before fc1 and
+            ``weighted_out.masked_fill_(m, 0.0)`` after the prob, always
+      5.17  ``x.masked_fill_(m, 0.0)``, then ``proj_out.masked_fill(m, 0.0)`` after fc1 and
+            after fc2 (before the prob), always
+      5.18  (5.18-5.19) the 5.17 masks only under expert parallelism (``ep=True``)
+      5.20  (5.20-5.24) and an optional post-expert norm after fc2 (``post_norm=True``)
+
+    act: "silu" (gated: ``gate_up_proj`` (G, 2F, H), ``act_fn(gate) * up`` of a chunk;
+    Qwen3-MoE, Mixtral, OLMoE, DeepSeek) or "relu2" (``up_proj`` (G, F, H), ``act_fn(h)``;
+    Nemotron-H). ep: expert ids >= G are sentinels (the 5.18+ masks are applied)."""
+
+    def __init__(self, release, act="silu", ep=False, post_norm=False, bias=False, hidden=H, ffn=FF):
+        super().__init__()
+        assert release in HF_RELEASES, release
+        self.release, self.ep, self.num_experts = release, ep, G
+        self.has_gate = act == "silu"
+        self.act_fn = nn.SiLU() if self.has_gate else ReLUSquared()
+        if self.has_gate:
+            self.gate_up_proj = _param(G, 2 * ffn, hidden)
+        else:
+            self.up_proj = _param(G, ffn, hidden)
+        self.down_proj = _param(G, hidden, ffn)
+        self.has_bias = bias
+        self.up_bias = _param(G, (2 if self.has_gate else 1) * ffn) if bias else None
+        self.post_expert_norm = nn.RMSNorm(hidden, dtype=BF16) if post_norm else None
+
+    def _apply_gate(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def _mm(self, x, w, offsets):
+        if self.release == "5.0":
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)
+        return F.grouped_mm(x.to(w.dtype), w.transpose(-2, -1), offs=offsets)
+
+    def _fc1(self, x, offsets, expert_ids_g):
+        w = self.gate_up_proj if self.has_gate else self.up_proj
+        out = self._mm(x, w, offsets)
+        if self.up_bias is not None:
+            bias = self.up_bias[expert_ids_g]
+            out = out + bias if self.release in ("5.0", "5.2", "5.4", "5.6") else out.add_(bias)
+        return out
+
+    def _act(self, h):
+        return self._apply_gate(h) if self.has_gate else self.act_fn(h)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        r = self.release
+        num_top_k, num_tokens, hidden_dim = top_k_index.size(-1), hidden_states.size(0), hidden_states.size(-1)
+        if r in ("5.0", "5.2", "5.4", "5.6"):
+            token_idx = torch.arange(num_tokens).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+            expert_ids = top_k_index.reshape(-1)
+            if r == "5.0":
+                sample_weights = top_k_weights.reshape(-1, 1)
+            else:
+                sample_weights = top_k_weights.reshape(-1)
+            if r == "5.6":
+                invalid_mask = expert_ids >= self.num_experts
+                expert_ids = expert_ids.clamp(0, self.num_experts - 1)
+                perm = torch.argsort(expert_ids)
+                selected_hidden_states_g = hidden_states[token_idx[perm]]
+            else:
+                selected_hidden_states = hidden_states[token_idx]
+                perm = torch.argsort(expert_ids)
+                selected_hidden_states_g = selected_hidden_states[perm]
+            if r == "5.0":
+                inv_perm = torch.argsort(perm)
+            else:
+                inv_perm = torch.empty_like(perm)
+                inv_perm[perm] = torch.arange(perm.size(0))
+            expert_ids_g = expert_ids[perm]
+            sample_weights_g = sample_weights[perm]
+            per_expert = torch.histc(expert_ids_g.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+            offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
+            out = self._mm(self._act(self._fc1(selected_hidden_states_g, offsets, expert_ids_g)), self.down_proj,
+                           offsets)
+            weighted_out = out * (sample_weights_g if r == "5.0" else sample_weights_g.unsqueeze(-1))
+            if r == "5.6":
+                weighted_out.masked_fill_(invalid_mask[perm].unsqueeze(-1), 0.0)
+            weighted_out = weighted_out[inv_perm]
+            return weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+        sample_weights = top_k_weights.reshape(-1)
+        expert_ids = top_k_index.reshape(-1)
+        expert_ids_g, perm = torch.sort(expert_ids)
+        selected_hidden_states_g = hidden_states[perm // num_top_k]
+        sample_weights_g = sample_weights[perm]
+        tokens_per_expert = torch.histc(expert_ids_g.float(), bins=self.num_experts, min=0,
+                                        max=self.num_experts - 1)
+        offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+        sentinel_mask = None
+        if r in ("5.8", "5.17") or self.ep:
+            sentinel_mask = (expert_ids_g >= self.num_experts).unsqueeze(-1)
+            expert_ids_g.clamp_(max=self.num_experts - 1)
+        if sentinel_mask is not None:
+            selected_hidden_states_g.masked_fill_(sentinel_mask, 0.0)
+        proj_out = self._fc1(selected_hidden_states_g, offsets, expert_ids_g)
+        if sentinel_mask is not None and r != "5.8":
+            proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
+        proj_out = self._mm(self._act(proj_out), self.down_proj, offsets)
+        if sentinel_mask is not None and r != "5.8":
+            proj_out = proj_out.masked_fill(sentinel_mask, 0.0)
+        if self.post_expert_norm is not None:
+            proj_out = self.post_expert_norm(proj_out)
+        weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
+        if sentinel_mask is not None and r == "5.8":
+            weighted_out.masked_fill_(sentinel_mask, 0.0)
+        inv_perm = torch.empty_like(perm)
+        inv_perm[perm] = torch.arange(perm.size(0))
+        weighted_out = weighted_out[inv_perm]
+        return weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+
+class SentinelMoeBlock(SparseMoeBlock):
+    """A sparse block whose router marks every fifth routed slot as an expert-parallel
+    sentinel (expert id G, weight 0), as transformers' EP dispatch does for tokens routed
+    to experts on other ranks."""
+
+    def forward(self, hidden_states):
+        weights, ids = self.router(hidden_states)
+        sentinel = (torch.arange(ids.numel()).view_as(ids) % 5) == 0
+        ids = torch.where(sentinel, G, ids)
+        weights = torch.where(sentinel, 0.0, weights)
+        return self.experts(hidden_states, ids, weights)
+
+
+class DataDependentRowsMoE(nn.Module):
+    """The local half of an expert-parallel layer in one graph, as a single process: the
+    rows this rank computes are data-dependent (``nonzero`` on the routing picks the rows
+    for local experts, ``counts.tolist()`` + ``repeat_interleave`` build the row order), so
+    T is an unbacked size. Needs ``capture_scalar_outputs`` and
+    ``capture_dynamic_output_shape_ops``. SwiGLU grouped_mm experts, prob on the output."""
+
+    def __init__(self, hidden=H, ffn=FF):
+        super().__init__()
+        self.w13, self.w2 = _param(G, 2 * ffn, hidden), _param(G, hidden, ffn)
+
+    def forward(self, x, ids, probs):
+        local = (ids < G).nonzero().squeeze(-1)                      # rows routed to this rank
+        rows, experts, p = x[local], ids[local], probs[local]
+        order = torch.argsort(experts, stable=True)
+        counts = torch.histc(experts.float(), bins=G, min=0, max=G - 1).to(torch.int64)
+        sizes = counts.tolist()                                       # host sizes, as an all-to-all split
+        for s in sizes:
+            torch._check_is_size(s)
+        group_of_row = torch.repeat_interleave(torch.arange(G), counts, output_size=sum(sizes))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        xs, ps = rows[order], p[order]
+        h = torch._grouped_mm(xs, self.w13.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(-2, -1), offs=offs)
+        y = y * ps.unsqueeze(-1) + 0 * group_of_row.unsqueeze(-1).to(y.dtype)
+        return torch.zeros_like(x).index_add(0, local[order], y)
+
+    def inputs(self, seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 2 * G, (T,), generator=gen)             # ids >= G live on another rank
+        return _x(seed, T, H), ids, _probs(seed, T)
+
+
+class TitanGroupedExperts030(nn.Module):
+    """torchtitan 0.3.0's ``GroupedExperts`` (models/common/moe.py): ``w1_EFD``, ``w3_EFD``
+    (G, F, H) and ``w2_EDF`` (G, H, F) in any dtype, cast to bf16 at each grouped GEMM."""
+
+    def __init__(self, dtype=BF16, hidden=H, ffn=FF):
+        super().__init__()
+        self.num_experts = G
+        self.w1_EFD, self.w3_EFD = _param(G, ffn, hidden, dtype=dtype), _param(G, ffn, hidden, dtype=dtype)
+        self.w2_EDF = _param(G, hidden, ffn, dtype=dtype)
+
+    def forward(self, x_RD, num_tokens_per_expert_E):
+        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        h_RF = F.silu(self._grouped_mm(A=x_RD.bfloat16(), B_t=self.w1_EFD.bfloat16().transpose(-2, -1),
+                                       offs=offsets_E))
+        h_RF = h_RF * self._grouped_mm(A=x_RD.bfloat16(), B_t=self.w3_EFD.bfloat16().transpose(-2, -1),
+                                       offs=offsets_E)
+        return self._grouped_mm(A=h_RF, B_t=self.w2_EDF.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
+
+    def _grouped_mm(self, *, A, B_t, offs):
+        return torch._grouped_mm(A, B_t, offs=offs)
+
+
+class TitanMoE030(nn.Module):
+    """torchtitan 0.3.0's ``MoE`` with the ``LocalTokenDispatcher`` (no expert parallelism),
+    re-created from models/common/moe.py and token_dispatcher.py: sigmoid top-k router (the
+    gate run in fp32), counts from a one-hot routing map, dispatch by a stable argsort
+    (``x[idx // top_k]``), the grouped experts, scores applied in ``combine`` after them
+    (``(out.float() * scores[:, None]).to(dtype)``), ``scatter_add`` back (torchtitan's
+    ``deterministic_scatter_add`` op is ``out.scatter_add`` under deterministic mode), and a
+    shared SwiGLU expert. ``dtype`` is the parameters' (fp32 master weights: the experts
+    cast them to bf16 themselves)."""
+
+    def __init__(self, dtype=BF16):
+        super().__init__()
+        self.gate = nn.Linear(H, G, bias=False, dtype=dtype)
+        self.experts = TitanGroupedExperts030(dtype)
+        self.shared_experts = SwiGLUMLP().to(dtype)
+        self.top_k = TOP_K
+
+    def forward(self, x_BLD):
+        B, L, D = x_BLD.shape
+        with torch.autocast(device_type=x_BLD.device.type, dtype=torch.float32):
+            scores_BLE = self.gate(x_BLD)
+        scores_BLE = torch.sigmoid(scores_BLE.float())
+        _, topk_expert_ids_BLK = torch.topk(scores_BLE, k=self.top_k, dim=-1, sorted=False)
+        topk_scores_BLK = scores_BLE.gather(dim=-1, index=topk_expert_ids_BLK)
+        routing_map_BLE = torch.zeros_like(scores_BLE, dtype=torch.bool).scatter_(-1, topk_expert_ids_BLK, True)
+        num_tokens_per_expert_E = routing_map_BLE.sum(dim=(0, 1))
+        x_TD = x_BLD.view(B * L, D)
+        idx_N = torch.argsort(topk_expert_ids_BLK.view(-1), stable=True)
+        scores_N = topk_scores_BLK.view(-1)[idx_N]
+        idx_N = idx_N // self.top_k
+        routed_output_RD = self.experts(x_TD[idx_N], num_tokens_per_expert_E)
+        routed_output_RD = (routed_output_RD.to(torch.float32) * scores_N.reshape(-1, 1)).to(routed_output_RD.dtype)
+        out_TD = torch.zeros_like(x_TD).scatter_add(0, idx_N.reshape(-1, 1).expand(-1, D), routed_output_RD)
+        return (out_TD + self.shared_experts(x_TD)).view(B, L, D)
+
+    def inputs(self, seed):
+        return (_x(seed, 2, T // (2 * TOP_K), H, dtype=self.gate.weight.dtype),)
+
+
+class MaskedGroupedMM(nn.Module):
+    """A grouped_mm SReLU / SwiGLU block with a bool row mask applied at ``where``:
+    "x" (in place, before fc1), "fc1" (fc1 output), "d" (fc2 input), "fc2" (fc2 output,
+    before the prob), "out" (after the prob), "out_inplace" (``masked_fill_`` after the
+    prob); ``form``: "masked_fill", "where" (``where(m, 0, t)``), "keep_where"
+    (``where(~m, t, 0)``), "mul" (``t * (~m).to(dtype)``). Near-misses: ``form="fill_one"``
+    (fills 1.0), ``extra="clamp"`` (a clamp on fc1's output), ``extra="norm"`` (an RMSNorm on
+    fc2's output before the prob, as transformers' post-expert norm)."""
+
+    def __init__(self, where="fc1", form="masked_fill", act="srelu_pow", extra=None):
+        super().__init__()
+        self.act, _, mult = ACTIVATIONS[act]
+        self.where, self.form, self.extra = where, form, extra
+        self.w1, self.w2 = _param(G, mult * FF, H), _param(G, H, FF)
+        self.norm = nn.RMSNorm(H, dtype=BF16) if extra == "norm" else None
+
+    def _mask(self, t, m):
+        if self.form == "masked_fill":
+            return t.masked_fill(m, 0.0)
+        if self.form == "where":
+            return torch.where(m, 0.0, t)
+        if self.form == "keep_where":
+            return torch.where(~m, t, 0.0)
+        if self.form == "mul":
+            return t * (~m).to(t.dtype)
+        return t.masked_fill(m, 1.0)  # fill_one
+
+    def forward(self, x, offs, probs, mask):
+        m = mask.unsqueeze(-1)
+        if self.where == "x":
+            x = x.clone()
+            x.masked_fill_(m, 0.0)
+        h = torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=offs)
+        if self.extra == "clamp":
+            h = h.clamp(max=7.0)
+        if self.where == "fc1":
+            h = self._mask(h, m)
+        d = self.act(h)
+        if self.where == "d":
+            d = self._mask(d, m)
+        y = torch._grouped_mm(d, self.w2.transpose(-2, -1), offs=offs)
+        if self.where == "fc2":
+            y = self._mask(y, m)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = y * probs.unsqueeze(-1)
+        if self.where == "out":
+            y = self._mask(y, m)
+        if self.where == "out_inplace":
+            y.masked_fill_(m, 0.0)
+        return y
+
+    def inputs(self, seed):
+        offs = torch.cumsum(_sizes(seed), 0, dtype=torch.int32)
+        mask = (torch.arange(T) % 3) == 0
+        return _x(seed, T, H), offs, _probs(seed, T), mask

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import moe_models as mm

@@ -370,3 +370,60 @@ def test_explain_reports_what_an_expert_loop_specialises_on():
     assert len(report.sites) == 1 and "specialised on the split sizes" in report.sites[0].specialisation
     mlp, args = _grouped_mlp_model("srelu", probs=False)
     assert "no recompile" in nv.explain(mlp, *args).sites[0].specialisation
+
+
+# ----------------------------------------------------------------------------- real clients' forms
+
+
+@pytest.mark.parametrize("release,act", [("5.6", "relu2"), ("5.8", "silu"), ("5.17", "silu"), ("5.20", "relu2")])
+def test_transformers_sentinel_masks_compiled_equal_eager(release, act):
+    """transformers' expert-parallel sentinel rows (weight 0, expert id G): masked rows
+    folded into the prob; 5.8+ sort them past offs[-1], where they join the last group."""
+    from moe_models import HFExpertsRelease, SentinelMoeBlock
+
+    torch.manual_seed(0)
+    model = SentinelMoeBlock(HFExpertsRelease(release, act, ep=True))
+    report = nv.compare(model, *_with_grad(model.inputs(0)), compiler="aot_eager")
+    assert report.bitwise, str(report)
+
+
+def test_masked_rows_compiled_equal_eager_with_zero_prob_gradient():
+    from moe_models import MaskedGroupedMM
+
+    torch.manual_seed(0)
+    model = MaskedGroupedMM("fc1", "where", act="swiglu_chunk")
+    x, offs, probs, mask = _with_grad(model.inputs(0))
+    report = nv.compare(model, x, offs, probs, mask, compiler="aot_eager")
+    assert report.bitwise, str(report)
+    torch._dynamo.reset()
+    probs.grad = None
+    torch.compile(model, backend=nv.backend(compiler="aot_eager"))(x, offs, probs, mask).sum().backward()
+    assert torch.equal(probs.grad[mask], torch.zeros_like(probs.grad[mask])) and probs.grad[~mask].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32_master_weights"])
+def test_torchtitan_030_compiled_equal_eager(dtype):
+    from moe_models import TitanMoE030
+
+    torch.manual_seed(0)
+    model = TitanMoE030(dtype)
+    report = nv.compare(model, *_with_grad(model.inputs(0)), compiler="aot_eager")
+    assert report.bitwise, str(report)
+
+
+def test_explain_and_compare_with_data_dependent_row_counts():
+    """An expert-parallel layer's local half in one graph: the row count is an unbacked
+    symbol (nonzero, .tolist(), repeat_interleave). No guard on it anywhere in the backend;
+    explain estimates the saved bytes and says so."""
+    from moe_models import DataDependentRowsMoE
+
+    torch.manual_seed(0)
+    model = DataDependentRowsMoE()
+    x, ids, probs = model.inputs(0)
+    args = (x.requires_grad_(), ids, probs.requires_grad_())
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        report = nv.explain(model, *args)
+        compared = nv.compare(model, *args, compiler="aot_eager")
+    assert len(report.sites) == 1 and report.sites[0].estimated and report.sites[0].saved_bytes > 0
+    assert "estimated" in str(report)
+    assert compared.bitwise, str(compared)

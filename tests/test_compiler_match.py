@@ -437,3 +437,144 @@ def test_expert_loop_split_sizes_become_symbolic():
     kinds = [sites[0].group_sizes.kind for sites, _ in records]
     assert kinds[0] == "split" and all(k == "split" for k in kinds)
     assert any(isinstance(s, torch.fx.Node) for s in records[-1][0][0].group_sizes.source)
+
+
+# ----------------------------------------------------------------------------- every transformers 5.x spelling
+
+# non-gated experts exist from 5.4 on, expert-parallel sentinels from 5.6 on
+RELEASE_CASES = [(r, act, ep) for r in mm.HF_RELEASES for act in ("silu", "relu2") for ep in (False, True)
+                 if not (act == "relu2" and r in ("5.0", "5.2")) and not (ep and r in ("5.0", "5.2", "5.4"))]
+# masks: (5.6, 5.8: after the prob; 5.17 and 5.18+ under EP: after fc1 and fc2)
+RELEASE_MASKS = {"5.6": 1, "5.8": 1, "5.17": 2}
+
+
+def _release_block(release, act, ep):
+    experts = mm.HFExpertsRelease(release, act, ep=ep)
+    return (mm.SentinelMoeBlock if ep else mm.SparseMoeBlock)(experts)
+
+
+@pytest.mark.parametrize("release,act,ep", RELEASE_CASES, ids=[f"{r}-{a}-{'ep' if e else 'noep'}"
+                                                              for r, a, e in RELEASE_CASES])
+def test_every_transformers_release_spelling(release, act, ep):
+    """One site per block whichever release's spelling; the sentinel masks are folded into
+    the prob (the rewritten graph reproduces the original, sentinel rows included)."""
+    torch.manual_seed(0)
+    model = _release_block(release, act, ep)
+    (captured,) = capture(model, model.inputs(0))
+    sites, rejections = find_sites(captured.gm)
+    assert rejections == []
+    assert [(s.spelling, s.activation) for s in sites] == [("token_permutation", "swiglu" if act == "silu" else "srelu")]
+    masks = RELEASE_MASKS.get(release, 2 if ep and release in ("5.18", "5.20") else 0)
+    assert len(sites[0].row_masks) == masks
+    check_rewrite(captured, exact=False)
+
+
+# ----------------------------------------------------------------------------- row masks
+
+MASK_CASES = [(w, f) for w in ("fc1", "d", "fc2", "out") for f in ("masked_fill", "where", "keep_where", "mul")] + [
+    ("out_inplace", "masked_fill"), ("x", "masked_fill")]
+
+
+@pytest.mark.parametrize("where,form", MASK_CASES, ids=[f"{w}-{f}" for w, f in MASK_CASES])
+def test_row_masks_fold_into_the_prob(where, form):
+    torch.manual_seed(0)
+    model = mm.MaskedGroupedMM(where, form)
+    (captured,) = capture(model, model.inputs(0))
+    (site,), rejections = find_sites(captured.gm)
+    assert rejections == [] and site.probs is not None
+    assert len(site.row_masks) == (0 if where == "x" else 1)  # a mask on x stays in the graph
+    rewritten = check_rewrite(captured, exact=False)
+    assert calls_of(captured.gm, reference_make_call) == 1 and rewritten
+
+
+@pytest.mark.parametrize("where", ["fc1", "out_inplace"])
+def test_masked_rows_get_no_prob_gradient(where):
+    """dprob of a masked row is 0 after the fold, as in the original graph; the other
+    rows' gradients match it up to bf16 rounding."""
+    torch.manual_seed(0)
+    model = mm.MaskedGroupedMM(where, act="swiglu_chunk")
+    x, offs, probs, mask = model.inputs(0)
+    grads = []
+    for backend in ("eager", rewriting_backend([])):
+        p = probs.clone().requires_grad_()
+        torch._dynamo.reset()
+        fn = model if backend == "eager" else torch.compile(model, backend=backend)
+        fn(x, offs, p, mask).float().pow(2).sum().backward()
+        grads.append(p.grad)
+    assert torch.equal(grads[1][mask], torch.zeros_like(grads[1][mask]))
+    assert_bf16_close(grads[1], grads[0])
+
+
+MASK_NEAR_MISSES = [
+    ("fill_one", dict(where="fc1", form="fill_one"),
+     "activation input `h_1` (masked_fill; it fills 1.0, a row mask fills 0) is not the output of the fc1"),
+    ("clamp", dict(where="fc1", extra="clamp"), "activation input `h_1` (clamp) is not the output of the fc1"),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,reason", MASK_NEAR_MISSES, ids=[m[0] for m in MASK_NEAR_MISSES])
+def test_forms_that_are_not_row_masks_are_rejected(name, kwargs, reason):
+    model = mm.MaskedGroupedMM(**kwargs)
+    (captured,) = capture(model, model.inputs(0))
+    sites, rejections = find_sites(captured.gm)
+    assert sites == [] and len(rejections) == 1 and reason in rejections[0].reason, rejections
+
+
+def test_post_expert_norm_ends_the_block():
+    """A norm between fc2 and the prob (transformers' has_post_expert_norm) is not folded:
+    the site ends at fc2's output (no prob; its mask becomes the prob), the norm and the
+    prob stay in the graph, which computes the same function."""
+    model = mm.MaskedGroupedMM("fc2", extra="norm")
+    (captured,) = capture(model, model.inputs(0))
+    (site,), rejections = find_sites(captured.gm)
+    assert rejections == [] and len(site.row_masks) == 1 and site.probs is None
+    check_rewrite(captured, exact=False)
+    assert any(n.target == "rsqrt" or "rsqrt" in str(n.target) or "rms_norm" in str(n.target)
+               for n in captured.gm.graph.nodes)
+
+
+# ----------------------------------------------------------------------------- library ops
+
+
+@torch.library.custom_op("nvfp4_test::moe_experts", mutates_args=())
+def _opaque_moe_experts(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w, offs=offs)
+
+
+@_opaque_moe_experts.register_fake
+def _(x, w, offs):
+    return x.new_empty(x.shape[0], w.shape[-1])
+
+
+def test_library_op_hiding_experts_is_listed_with_reason():
+    class Opaque(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = mm._param(mm.G, mm.H, mm.H)
+
+        def forward(self, x, offs):
+            return torch.ops.nvfp4_test.moe_experts(x, self.w, offs)
+
+    model = Opaque()
+    x, offs, _ = mm.GroupedMM().inputs(0)
+    (captured,) = capture(model, (x, offs))
+    sites, rejections = find_sites(captured.gm)
+    assert sites == [] and [(r.spelling, "`nvfp4_test::moe_experts` is a library's own op" in r.reason)
+                            for r in rejections] == [("library_op", True)]
+    assert "moe_models" not in rejections[0].location and "test_compiler_match.py" in rejections[0].location
+
+
+# ----------------------------------------------------------------------------- torchtitan 0.3.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32_master_weights"])
+def test_torchtitan_030_moe(dtype):
+    """torchtitan 0.3.0: w1/w3 as two grouped GEMMs, scores in the combine; fp32 parameters
+    are cast to bf16 by its own ``.bfloat16()`` calls, which stay in the graph."""
+    torch.manual_seed(0)
+    model = mm.TitanMoE030(dtype)
+    (captured,) = capture(model, model.inputs(0))
+    (site,), rejections = find_sites(captured.gm)
+    assert rejections == [] and (site.spelling, site.activation) == ("token_permutation", "swiglu")
+    assert site.fc1_up_weight is not None and site.probs is not None
+    check_rewrite(captured, exact=False)

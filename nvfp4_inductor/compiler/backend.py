@@ -25,7 +25,6 @@ from ..lowerings import Plan, SiteSpec, choose_plan
 from ..recipe import Recipe
 from .fused import fused_grouped_mlp
 from .legality import weight_shape
-from .nodes import val
 from .options import BackendOptions
 from .rewrite import find_sites, rewrite_sites
 from .site import Rejection, Site
@@ -97,9 +96,11 @@ def example_device(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
-    """The site's plan (lowerings/policy.py), chosen once; the fused ops run it."""
-    x, fc2 = val(site.x), weight_shape(site.fc2_weight)
-    return choose_plan(SiteSpec.on(device, site.activation, dtype=x.dtype, hidden=fc2[1], ffn=fc2[2]), recipe)
+    """The site's plan (lowerings/policy.py), chosen once; the fused ops run it. The call
+    always takes bf16 operands (fp32 ones under bf16 autocast are cast before it)."""
+    fc2 = weight_shape(site.fc2_weight)
+    return choose_plan(SiteSpec.on(device, site.activation, dtype=torch.bfloat16, hidden=fc2[1], ffn=fc2[2]),
+                       recipe)
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:

@@ -1,5 +1,11 @@
 """Can a matched Site take the fused grouped-MLP call? Dtypes, shapes, expert counts.
 
+Dtypes: bf16, or fp32 where ``torch.autocast(dtype=torch.bfloat16)`` is in force at the
+site (fp32 master weights, fp32 activations): the block then computes in bf16 as autocast
+computes a GEMM, and the rewrite casts each fp32 operand to bf16 with a graph node, so the
+NVFP4 copies are made from those casts and gradients reach the fp32 tensors through the
+casts' backward, as under autocast.
+
 ``can_grouped_mlp(site)`` returns None when the canonical call can replace the site, else
 the reason (rule and value). It decides legality only; which target runs the call is
 the backend's policy.
@@ -11,7 +17,7 @@ import torch
 
 from ..activations import get_activation
 from ..constants import BLOCK
-from .nodes import val
+from .nodes import autocast_dtype, same_dims, val
 from .placements import dtensor_reason
 from .site import Site, Weight
 
@@ -30,15 +36,19 @@ def can_grouped_mlp(site: Site) -> str | None:
     weights = {"fc1 weight": site.fc1_weight, "fc2 weight": site.fc2_weight}
     if site.fc1_up_weight is not None:
         weights["fc1 up weight"] = site.fc1_up_weight
+    autocast = autocast_dtype(site.output, x.device.type)
     for name, tensor in [("x", x)] + [(n, val(node)) for n, w in weights.items() for node in w.nodes]:
-        if tensor.dtype != torch.bfloat16:
-            return f"{name} is {tensor.dtype}; the fused grouped MLP takes torch.bfloat16"
+        if tensor.dtype != torch.bfloat16 and not (tensor.dtype == torch.float32 and autocast == torch.bfloat16):
+            where = (f"torch.autocast is in force with dtype={autocast}" if autocast is not None
+                     else "no torch.autocast is in force")
+            return (f"{name} is {tensor.dtype}; the fused grouped MLP takes torch.bfloat16, or torch.float32 "
+                    f"under torch.autocast(dtype=torch.bfloat16) ({where})")
         if tensor.device != x.device:
             return f"{name} is on {tensor.device}, x on {x.device}"
     for name, w in weights.items():
-        shapes = {tuple(val(n).shape) for n in w.nodes}
-        if len(shapes) != 1:
-            return f"{name}: the experts' weights have different shapes {sorted(shapes)}"
+        shapes = [tuple(val(n).shape) for n in w.nodes]
+        if any(not same_dims(s, shapes[0]) for s in shapes):
+            return f"{name}: the experts' weights have different shapes {shapes}"
     rank = 3 if site.x_batched else 2
     if x.dim() != rank:
         return f"x has {x.dim()} dims, expected {rank}"

@@ -30,6 +30,13 @@ so the built-ins are srelu = square(relu(H)), tanh_srelu = square(mul(S, tanh(di
 S)))) and swiglu = mul(silu(GATE), UP); and, after fc2 (``match_output_prob``):
 
     y = fc2_out [.to(fp32)] * p [.to(bf16)]
+
+Row masks (``nodes.RowMask``: ``masked_fill(m, 0)`` / ``masked_fill_`` / ``where(m, 0, .)``
+/ ``* m.to(dtype)`` with a bool (T, 1) column m) on an fc1 output, on D, or on the fc2
+output before or after the prob are part of the block: they are returned with the match
+and the rewrite folds them into the prob as zeros. SReLU, tanh-SReLU and SwiGLU are 0 at
+0 (silu(0) * 0 = 0), so zeroing C's row, D's row or Y's row all give Y's row = 0 and
+dprob = 0 there, as zeroing the row's prob does.
 """
 
 from __future__ import annotations
@@ -44,13 +51,19 @@ from ..activations import PATTERN_OPS, Activation, Op, Var, activation_names, ge
 from .nodes import (
     ELEMENTWISE_OR_VIEW,
     Node,
+    RowMask,
     arg,
+    inplace_row_masks,
     int_index,
+    is_column_of,
     is_op,
+    not_a_row_mask,
     op_name,
     op_of,
+    row_mask,
     shape,
     strip_casts,
+    strip_row_masks,
 )
 
 
@@ -61,6 +74,7 @@ class ActivationMatch:
     gate_second: a gated activation on one fc1 output whose second half is the gate.
     probs: the (T, 1)-shaped prob column multiplied on the activation, or None.
     nodes: the nodes of the region (from the fc1 outputs' users to fc2's input).
+    masks: the row masks on the fc1 outputs and on D (in the region's nodes too).
     """
 
     activation: str
@@ -69,19 +83,21 @@ class ActivationMatch:
     gate_second: bool
     probs: Node | None
     nodes: tuple[Node, ...]
+    masks: tuple[RowMask, ...] = ()
 
 
 def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
     """Match the region ending in ``fc2_input``; ``is_gemm(node)`` says what an fc1 GEMM
     output looks like. Returns the match or the reason it is not one."""
     nodes: list[Node] = []
-    d = strip_casts(fc2_input, nodes)
+    masks: list[RowMask] = []
+    d = strip_row_masks(fc2_input, masks, nodes)
     probs = None
     column = prob_column(d)
     if column is not None:
         nodes.append(d)
         probs, d = column
-        d = strip_casts(d, nodes)
+        d = strip_row_masks(d, masks, nodes)
     reasons: list[str] = []
     for name in activation_names():
         found = _match_entry(get_activation(name), d, is_gemm, reasons)
@@ -92,36 +108,53 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
         listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
         return reasons[0] if reasons else f"activation {describe_region(fc2_input, is_gemm)} is not {listed}"
     activation, scale, fc1_outputs, gate_second, region = found
+    gemms = []
     for h in fc1_outputs:
-        if not is_gemm(h):
-            return (f"activation input `{h.name}` ({op_name(h)}) is not the output of the fc1 "
-                    f"grouped GEMM")
-    return ActivationMatch(activation, scale, fc1_outputs, gate_second, probs,
-                           tuple(dict.fromkeys([*nodes, *region])))
+        gemm = strip_row_masks(h, masks, nodes)
+        if not is_gemm(gemm):
+            return (f"activation input `{gemm.name}` ({op_name(gemm)}{not_a_row_mask(gemm)}) is not the output "
+                    f"of the fc1 grouped GEMM")
+        gemms.append(gemm)
+    region = [*nodes, *region]
+    for node in (*gemms, *region):  # in-place masks: ``h.masked_fill_(m, 0)``
+        for mask in inplace_row_masks(node):
+            masks.append(mask)
+            region.append(mask.node)
+    return ActivationMatch(activation, scale, tuple(gemms), gate_second, probs,
+                           tuple(dict.fromkeys(region)), tuple(dict.fromkeys(masks)))
 
 
-def match_output_prob(fc2_out: Node) -> tuple[Node | None, Node, tuple[Node, ...]]:
-    """``(probs, last, nodes)``: the prob column multiplied on the fc2 output (or None),
-    the last node of that product (after a cast back), and the nodes from the product on."""
+def match_output_prob(fc2_out: Node) -> tuple[Node | None, Node, tuple[Node, ...], tuple[RowMask, ...]]:
+    """``(probs, last, nodes, masks)`` of the chain after the fc2 output: casts, row masks
+    (in place or not) and at most one multiply by a prob column, in any order. probs is the
+    prob (or None), last the last node of the chain (the fc2 output when the chain has no
+    prob and no mask), nodes the chain's nodes, masks its row masks."""
     nodes: list[Node] = []
-    node = fc2_out
-    while len(node.users) == 1 and is_op(next(iter(node.users)), torch.Tensor.to):
-        node = next(iter(node.users))
-        nodes.append(node)
-    if len(node.users) != 1:
-        return None, fc2_out, ()
-    mul = next(iter(node.users))
-    if not is_op(mul, torch.mul) or not all(isinstance(a, Node) for a in mul.args[:2]):
-        return None, fc2_out, ()
-    other = mul.args[1] if mul.args[0] is node else mul.args[0]
-    if not _is_column_of(other, node):
-        return None, fc2_out, ()
-    nodes.append(mul)
-    last = mul
-    while len(last.users) == 1 and is_op(next(iter(last.users)), torch.Tensor.to):
-        last = next(iter(last.users))
-        nodes.append(last)
-    return _column_source(other), last, tuple(nodes)
+    masks: list[RowMask] = []
+    probs, node, last = None, fc2_out, fc2_out
+    while True:
+        for mask in inplace_row_masks(node):
+            masks.append(mask)
+            nodes.append(mask.node)
+        users = [u for u in node.users if u not in nodes]
+        if len(users) != 1:
+            break
+        user = users[0]
+        masked = row_mask(user)
+        if is_op(user, torch.Tensor.to):
+            pass
+        elif masked is not None and masked[1] is node and not is_op(user, torch.Tensor.masked_fill_):
+            masks.append(masked[0])
+        elif probs is None and prob_column(user) is not None and prob_column(user)[1] is node:
+            probs = prob_column(user)[0]
+        else:
+            break
+        nodes.append(user)
+        node = user
+        last = node
+    if probs is None and not masks:
+        return None, fc2_out, (), ()
+    return probs, last, tuple(nodes), tuple(masks)
 
 
 def describe_region(fc2_input: Node, is_gemm, limit: int = 24) -> str:
@@ -170,22 +203,16 @@ def _is_static_index(index) -> bool:
 
 def prob_column(node: Node) -> tuple[Node, Node] | None:
     """``(prob column, other operand)`` when ``node`` multiplies a (T, F) tensor by a
-    (T, 1) column."""
-    if not is_op(node, torch.mul) or len(node.args) < 2:
+    (T, 1) column (not a row mask: a column cast from bool)."""
+    if not is_op(node, torch.mul) or len(node.args) < 2 or row_mask(node) is not None:
         return None
     a, b = node.args[:2]
     if not (isinstance(a, Node) and isinstance(b, Node)):
         return None
     for column, other in ((b, a), (a, b)):
-        if _is_column_of(column, other):
+        if is_column_of(column, other):
             return _column_source(column), other
     return None
-
-
-def _is_column_of(column: Node, other: Node) -> bool:
-    c, o = shape(column), shape(other)
-    return (c is not None and o is not None and len(c) == len(o) >= 2
-            and c[-1] == 1 and o[-1] != 1 and c[:-1] == o[:-1])
 
 
 def _column_source(column: Node) -> Node:
@@ -227,7 +254,7 @@ def _match_entry(entry: Activation, d: Node, is_gemm, reasons: list[str]):
     if not entry.gated:
         return entry.name, scale, (bound["H"],), False, region
     gate, up = bound["GATE"], bound["UP"]
-    if is_gemm(gate) and is_gemm(up):
+    if is_gemm(strip_row_masks(gate)) and is_gemm(strip_row_masks(up)):
         return entry.name, scale, (gate, up), False, region
     halves: list[Node] = []
     gate_half, up_half = _half(gate, halves), _half(up, halves)

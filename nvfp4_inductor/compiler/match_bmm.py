@@ -63,7 +63,7 @@ def bmm_site(fc2: Node) -> Site | str:
     for node in (*fc1s, fc2):
         if len(shape(node.args[0]) or ()) != 3:
             return f"bmm `{node.name}` input is {shape(node.args[0])}, expected (G, T/G, K)"
-    out_probs, output, out_nodes = match_output_prob(fc2)
+    out_probs, output, out_nodes, out_masks = match_output_prob(fc2)
     if activation.probs is not None and out_probs is not None:
         return "router prob multiplied twice (on the activation and on the fc2 output)"
     reason = escaping_use(set(fc1s) | set(activation.nodes), allowed={fc2})
@@ -80,6 +80,6 @@ def bmm_site(fc2: Node) -> Site | str:
         activation=activation.activation, tanh_clamp_scale=activation.tanh_clamp_scale,
         spelling="bmm", location=location_of(fc1s[0]), output=output,
         nodes=tuple(dict.fromkeys((*fc1s, *activation.nodes, fc2, *out_nodes, *transposes))),
-        x_batched=True,
+        x_batched=True, row_masks=tuple(dict.fromkeys((*activation.masks, *out_masks))),
     )
     return can_grouped_mlp(site) or site

@@ -147,6 +147,9 @@ def _expert_chain(part, index: int) -> dict | str:
     activation = match_activation(fc2.args[0], is_linear)
     if isinstance(activation, str):
         return fc1_bias_reason(fc2.args[0], is_linear) or activation
+    if activation.masks:
+        return (f"row mask `{activation.masks[0].node.name}` inside an expert loop; row masks are folded "
+                "into the prob for grouped GEMM spellings only")
     if activation.probs is not None and out_prob is not None:
         return "router prob multiplied twice (on the activation and on the fc2 output)"
     fc1s = activation.fc1_outputs

@@ -1,20 +1,32 @@
 """Grouped MLPs written with ``torch._grouped_mm`` / ``F.grouped_mm`` and ``offs``.
 
-Matched subgraph (Dynamo graph; ``F.grouped_mm`` arrives as ``torch._grouped_mm``)::
+Matched subgraph (Dynamo graph; ``F.grouped_mm`` arrives as ``torch._grouped_mm``; a
+library's own grouped GEMM op of the same signature, ``nodes.LIBRARY_GROUPED_GEMMS``, such
+as transformers' ``grouped_mm_fallback``, counts as one)::
 
+    [x.masked_fill_(m, 0)]                                    # row masks on x stay in the graph
     h = _grouped_mm(x, W1.transpose(-2, -1), offs=offs)      # W1 (G, F1, H), or W1 (G, H, F1) untransposed
       | gate = _grouped_mm(x, Wg.mT, offs)  up = _grouped_mm(x, Wu.mT, offs)   # torchtitan w1 / w3
+    [h = h.masked_fill(m, 0)]                                 # row masks: folded into the prob
     d = f(h) [* p[:, None]]                                   # see match_activation.py
     y = _grouped_mm(d, W2.transpose(-2, -1), offs=offs)       # the SAME offs node
+    [y = y.masked_fill(m, 0)]
     [y = (y.float() * p[:, None]).to(bf16)]                   # prob on the output instead
+    [y.masked_fill_(m, 0)]
+
+These are the transformers 5.x grouped_mm experts of every release (5.0-5.24: no masks,
+the expert-parallel sentinel masks of 5.6-5.17 in place or not, masks only under expert
+parallelism from 5.18) and torchtitan's GroupedExperts.
 
 Spelling "token_permutation" when x is gathered by a permutation (``x[perm // top_k]``,
 ``gather``, ``index_select``) — the form Hugging Face's grouped_mm experts and torchtitan
 emit, with ``offs = cumsum(histc | bincount(expert_ids), dtype=int32)``; the routing,
 gather, un-permute and top-k sum stay in the graph. Otherwise "grouped_mm".
 
-Replacement: ``make_call(x, W1, W2, diff(offs, prepend=[0]), p)`` (rewrite.py).
-Accepts bf16 x and weights on any device (``_grouped_mm`` itself only compiles in bf16).
+Replacement: ``make_call(x, W1, W2, diff(offs, prepend=[0]), p)`` (rewrite.py), p with
+the masked rows zeroed. Accepts bf16 x and weights on any device (``_grouped_mm`` itself
+only compiles in bf16), and fp32 ones under ``torch.autocast(dtype=torch.bfloat16)``
+(legality.py).
 """
 
 from __future__ import annotations
@@ -25,13 +37,13 @@ import torch
 
 from .match_activation import gemms_behind, match_activation, match_output_prob
 from .legality import can_grouped_mlp
-from .nodes import Node, arg, is_op, shape, strip_casts, transposed_last_two
+from .nodes import Node, arg, is_grouped_gemm, is_op, shape, strip_row_masks, transposed_last_two
 from .regions import escaping_use, kn_weight, fc1_bias_reason, fc2_bias_reason, prob_on_input_reason
 from .site import GroupSizes, Rejection, Site, location_of
 
 
 def is_grouped_mm(node) -> bool:
-    return is_op(node, torch._grouped_mm)
+    return is_grouped_gemm(node)
 
 
 def find_grouped_mm(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
@@ -72,12 +84,12 @@ def grouped_mm_site(fc2: Node) -> Site | str:
         if fc1_offs is not offs:
             return f"fc1 and fc2 grouped GEMMs use different offsets (`{fc1_offs.name}` vs `{offs.name}`)"
     x = parsed[0][0]
-    if any(strip_casts(p[0]) is not strip_casts(x) for p in parsed):
+    if any(strip_row_masks(p[0]) is not strip_row_masks(x) for p in parsed):
         return "the gate and up grouped GEMMs read different inputs"
     reason = prob_on_input_reason(x) or fc2_bias_reason(fc2)
     if reason:
         return reason
-    out_probs, output, out_nodes = match_output_prob(fc2)
+    out_probs, output, out_nodes, out_masks = match_output_prob(fc2)
     if activation.probs is not None and out_probs is not None:
         return "router prob multiplied twice (on the activation and on the fc2 output)"
     weights = [kn_weight(p[1]) for p in parsed]
@@ -94,7 +106,7 @@ def grouped_mm_site(fc2: Node) -> Site | str:
         probs=activation.probs if activation.probs is not None else out_probs,
         activation=activation.activation, tanh_clamp_scale=activation.tanh_clamp_scale,
         spelling=_spelling_of(x), location=location_of(fc1s[0]), output=output,
-        nodes=tuple(dict.fromkeys(nodes)),
+        nodes=tuple(dict.fromkeys(nodes)), row_masks=tuple(dict.fromkeys((*activation.masks, *out_masks))),
     )
     return can_grouped_mlp(site) or site
 
@@ -123,7 +135,7 @@ def _transpose_nodes(*bs: Node) -> tuple[Node, ...]:
 
 def _spelling_of(x) -> str:
     """"token_permutation" when the GEMM input was gathered by a permutation."""
-    x = strip_casts(x)
+    x = strip_row_masks(x)
     gathered = (is_op(x, operator.getitem) and isinstance(x.args[1], Node)) or \
         is_op(x, torch.gather, torch.index_select, torch.Tensor.gather, torch.Tensor.index_select)
     return "token_permutation" if gathered else "grouped_mm"

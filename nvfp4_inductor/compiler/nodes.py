@@ -7,11 +7,13 @@ of them to one canonical callable so matchers compare against small sets.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 Node = torch.fx.Node
 
@@ -39,6 +41,9 @@ _ALIASES = {
     torch.Tensor.to: (torch.Tensor.to, torch.Tensor.float, torch.Tensor.bfloat16, torch.Tensor.type_as, torch.Tensor.contiguous),
     torch.Tensor.item: (torch.Tensor.item,),
     operator.getitem: (operator.getitem,),
+    torch.masked_fill: (torch.masked_fill, torch.Tensor.masked_fill),
+    torch.Tensor.masked_fill_: (torch.Tensor.masked_fill_,),
+    torch.where: (torch.where, torch.Tensor.where),
 }
 _CANONICAL = {alias: canon for canon, aliases in _ALIASES.items() for alias in aliases}
 
@@ -52,7 +57,14 @@ ELEMENTWISE_OR_VIEW = {
     operator.neg, torch.exp, torch.erf, F.relu6, F.leaky_relu, F.elu, torch.Tensor.clamp_min,
     torch.Tensor.clamp_max, torch.minimum, torch.maximum, torch.Tensor.__radd__,
     torch.Tensor.__add__, torch.Tensor.__sub__, torch.Tensor.__rsub__, torch.squeeze, torch.Tensor.squeeze,
+    torch.masked_fill, torch.where,
 }
+
+# Library ops (torch.library, by qualified name) that compute ``_grouped_mm(input, weight,
+# offs)``: (T, K) x (G, K, N) with cumulative offsets, the same arguments in the same order.
+#   transformers::grouped_mm_fallback  transformers >= 5.4 (integrations/moe.py), taken for
+#       non-bf16 weights under torch.compile: fp32 models, fp32 master weights under autocast
+LIBRARY_GROUPED_GEMMS = ("transformers::grouped_mm_fallback",)
 
 
 def op_of(node) -> object:
@@ -79,6 +91,24 @@ def is_op(node, *ops) -> bool:
     return op_of(node) in ops
 
 
+def library_op(node) -> str | None:
+    """``"namespace::name"`` of a call to a torch.library op outside aten / prims, else None."""
+    if not isinstance(node, Node) or node.op != "call_function":
+        return None
+    target = node.target
+    name = getattr(target, "_qualified_op_name", None)  # OpOverloadPacket
+    if name is None and isinstance(target, torch._ops.OpOverload):
+        name = target._schema.name
+    if not isinstance(name, str) or name.split("::")[0] in ("aten", "prims", "prim"):
+        return None
+    return name
+
+
+def is_grouped_gemm(node) -> bool:
+    """``torch._grouped_mm`` / ``F.grouped_mm`` or a library op in LIBRARY_GROUPED_GEMMS."""
+    return is_op(node, torch._grouped_mm) or library_op(node) in LIBRARY_GROUPED_GEMMS
+
+
 def val(node):
     """The example value (FakeTensor, SymInt, ...) Dynamo or a pass recorded for ``node``."""
     if not isinstance(node, Node):
@@ -102,6 +132,24 @@ def arg(node: Node, index: int, name: str, default=None):
 def only_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def known_equal(a, b) -> bool:
+    """``a == b`` for ints or SymInts, answered without a guard: False unless provable
+    (sizes may be unbacked, data-dependent symbols; PITFALLS.md)."""
+    return a is b or statically_known_true(a == b)
+
+
+def same_dims(a, b) -> bool:
+    return len(a) == len(b) and all(known_equal(x, y) for x, y in zip(a, b))
+
+
+def is_column_of(column, other) -> bool:
+    """``column`` is (..., 1) and ``other`` (..., N>1) with the same leading dims: a
+    per-row value (a router prob, a row mask) broadcast along other's last dim."""
+    c, o = shape(column), shape(other)
+    return (c is not None and o is not None and len(c) == len(o) >= 2
+            and known_equal(c[-1], 1) and not known_equal(o[-1], 1) and same_dims(c[:-1], o[:-1]))
 
 
 def strip_casts(node, seen: list | None = None):
@@ -139,3 +187,125 @@ def transposed_last_two(node) -> Node | None:
         want = tuple(range(rank - 2)) + (rank - 1, rank - 2)
         return src if tuple(d % rank for d in dims) == want else None
     return None
+
+
+# ----------------------------------------------------------------------------- row masks
+
+
+@dataclasses.dataclass(frozen=True)
+class RowMask:
+    """Rows of a (T, N) tensor set to 0 by a bool row mask:
+
+        t.masked_fill(m, 0) | t.masked_fill_(m, 0) | where(m, 0, t)    zero_where=True
+        where(m, t, 0) | t * m.to(t.dtype)                              zero_where=False
+
+    mask: the bool node, shaped (T, 1) (a column of t) or for ``t * m`` the bool node
+        behind the cast; the rows zeroed are those where it is ``zero_where``.
+    node: the node that applies it (an in-place ``masked_fill_`` has no users).
+    """
+
+    mask: Node
+    zero_where: bool
+    node: Node
+
+
+def _is_zero(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _bool_column(mask, t) -> bool:
+    v = val(mask)
+    return isinstance(v, torch.Tensor) and v.dtype == torch.bool and is_column_of(mask, t)
+
+
+def row_mask(node) -> tuple[RowMask, Node] | None:
+    """``(RowMask, t)`` when ``node`` zeroes rows of ``t`` by a row mask, else None."""
+    op = op_of(node)
+    if op in (torch.masked_fill, torch.Tensor.masked_fill_):
+        t, mask, value = arg(node, 0, "input"), arg(node, 1, "mask"), arg(node, 2, "value")
+        if isinstance(t, Node) and _is_zero(value) and _bool_column(mask, t):
+            return RowMask(mask, True, node), t
+        return None
+    if op is torch.where:
+        if node.op == "call_method":  # t.where(cond, other) is where(cond, t, other)
+            cond, a, b = arg(node, 1, "condition"), node.args[0], arg(node, 2, "other")
+        else:
+            cond, a, b = arg(node, 0, "condition"), arg(node, 1, "input"), arg(node, 2, "other")
+        for zero, t, zero_where in ((a, b, True), (b, a, False)):
+            if _is_zero(zero) and isinstance(t, Node) and _bool_column(cond, t):
+                return RowMask(cond, zero_where, node), t
+        return None
+    if op is torch.mul and len(node.args) >= 2 and all(isinstance(a, Node) for a in node.args[:2]):
+        for column, t in ((node.args[1], node.args[0]), (node.args[0], node.args[1])):
+            source = strip_casts(column)
+            if source is not column and _bool_column(source, t):
+                return RowMask(source, False, node), t
+    return None
+
+
+def not_a_row_mask(node) -> str:
+    """Why a ``masked_fill`` / ``where`` node is not a row mask (for reasons), else ""."""
+    if row_mask(node) is not None or not is_op(node, torch.masked_fill, torch.Tensor.masked_fill_, torch.where):
+        return ""
+    if is_op(node, torch.where):
+        return "; not where(m, 0, t) / where(m, t, 0) with a bool (T, 1) row mask m"
+    value = arg(node, 2, "value")
+    if not _is_zero(value):
+        return f"; it fills {value!r}, a row mask fills 0"
+    return "; its mask is not a bool (T, 1) column of the rows"
+
+
+def inplace_row_masks(node: Node) -> list[RowMask]:
+    """The in-place row masks applied to ``node`` (``node.masked_fill_(m, 0)``)."""
+    found = []
+    for user in node.users:
+        if is_op(user, torch.Tensor.masked_fill_) and user.args[0] is node:
+            mask = row_mask(user)
+            if mask is not None:
+                found.append(mask[0])
+    return found
+
+
+def strip_row_masks(node, masks: list | None = None, seen: list | None = None):
+    """Follow out-of-place row masks and casts back to the masked tensor; the masks are
+    appended to ``masks``, the nodes passed (masks and casts) to ``seen``."""
+    while True:
+        found = row_mask(node)
+        if found is not None and not is_op(node, torch.Tensor.masked_fill_):
+            if masks is not None:
+                masks.append(found[0])
+            if seen is not None:
+                seen.append(node)
+            node = found[1]
+            continue
+        stripped = strip_casts(node, seen)
+        if stripped is node:
+            return node
+        node = stripped
+
+
+# ----------------------------------------------------------------------------- autocast
+
+
+def autocast_dtype(node: Node, device_type: str) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` computes GEMMs in where ``node`` runs, or None where it
+    is off: the state the graph is compiled under (the backend runs inside the user's call,
+    so an enclosing ``with torch.autocast(...)`` is in force, and Dynamo guards on it),
+    changed by the graph's own ``_enter_autocast`` / ``_exit_autocast`` nodes before ``node``."""
+    enter, leave = torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast
+    ambient = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    stack = [ambient]
+    for n in node.graph.nodes:
+        if n is node:
+            break
+        if n.op != "call_function":
+            continue
+        if n.target is enter:
+            device, dtype, enabled = (list(n.args) + [None, None, True])[:3]
+            if device != device_type:
+                stack.append(stack[-1])
+            else:
+                stack.append((dtype or torch.get_autocast_dtype(device_type)) if enabled else None)
+        elif n.target is leave and len(stack) > 1:
+            stack.pop()
+    return stack[-1]

@@ -8,7 +8,7 @@ import operator
 import torch
 
 from .match_activation import gemms_behind, prob_column
-from .nodes import Node, is_op, op_name, strip_casts, transposed_last_two
+from .nodes import Node, is_op, op_name, strip_row_masks, transposed_last_two
 from .site import Weight
 
 ADD = (torch.add, operator.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__)
@@ -42,7 +42,7 @@ def fc1_bias_reason(fc2_input: Node, is_gemm) -> str | None:
 def prob_on_input_reason(x: Node) -> str | None:
     """The router prob multiplied on the expert input x: not the fused MLP's semantics
     (it applies the prob to the activation, after the fc1 quantization of x)."""
-    product = strip_casts(x)
+    product = strip_row_masks(x)
     if prob_column(product) is not None:
         return (f"router prob multiplied on the expert input (`{product.name}`); the fused "
                 "grouped MLP applies it to the activation")

@@ -5,10 +5,12 @@ normalises each site's operands with a few inserted nodes and calls the backend'
 ``make_call`` (signature in site.py)::
 
     x      = x                           | x.flatten(0, 1)                   (bmm batch)
-    W1     = W1 | stack(W1_e) [.transpose(1, 2)] [cat((W1, Wup), 1)] [roll halves]
-    W2     = W2 | stack(W2_e) [.transpose(1, 2)]
+                 [.to(bf16)]                                                  (fp32 under autocast)
+    W1     = W1 | stack(W1_e) [.to(bf16)] [.transpose(1, 2)] [cat((W1, Wup), 1)] [roll halves]
+    W2     = W2 | stack(W2_e) [.to(bf16)] [.transpose(1, 2)]
     sizes  = diff(offs, prepend=[0]) | counts.to(int32) | tensor(split sizes) | full(G, T/G)
     probs  = p [.reshape(-1)]
+             [.masked_fill(m, 0)] per row mask, m = (T,) rows to zero     (a ones prob if no p)
     y      = make_call(x, W1, W2, sizes, probs, activation=..., tanh_clamp_scale=...)
     y      = y [.view_as(x batch)] [.to(output dtype)]
 
@@ -20,12 +22,15 @@ without users are erased.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .match_bmm import find_bmm
+from .match_library_op import find_library_ops
 from .match_expert_loop import find_expert_loop
 from .match_grouped_mlp import find_grouped_mlp
 from .match_grouped_mm import find_grouped_mm
@@ -38,6 +43,7 @@ MATCHERS = (
     ("grouped_mm", find_grouped_mm),
     ("expert_loop", find_expert_loop),
     ("bmm", find_bmm),
+    ("library_op", find_library_ops),  # reasons only: library ops the others do not see into
 )
 
 
@@ -61,9 +67,20 @@ def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> 
         None,
     ) or detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
     for site in sites:
-        _Inserter(gm.graph, fake_mode, site.output).replace(site, make_call)
+        _Inserter(gm.graph, fake_mode, _anchor(gm.graph, site)).replace(site, make_call)
     gm.graph.lint()
     gm.recompile()
+
+
+def _anchor(graph: torch.fx.Graph, site: Site) -> Node:
+    """Where the call goes: before the site's output, or before the last node applying a
+    row mask when that comes later (a mask built after fc2, applied in place to the
+    output: transformers 5.6's ``weighted_out.masked_fill_``), so that every mask exists."""
+    late = [m.node for m in site.row_masks]
+    if not late:
+        return site.output
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    return max([site.output, *late], key=order.__getitem__)
 
 
 class _Inserter:
@@ -95,8 +112,13 @@ class _Inserter:
 
     # ------------------------------------------------------------------ one site
 
+    def bf16(self, node: Node) -> Node:
+        """``node.to(bf16)`` for an fp32 operand (legal only under bf16 autocast, where the
+        GEMM computes on that cast); AOTAutograd differentiates the cast."""
+        return node if val(node).dtype == torch.bfloat16 else self.method("to", node, torch.bfloat16)
+
     def replace(self, site: Site, make_call) -> None:
-        x = self.method("flatten", site.x, 0, 1) if site.x_batched else site.x
+        x = self.bf16(self.method("flatten", site.x, 0, 1) if site.x_batched else site.x)
         fc1 = self.weight(site.fc1_weight)
         if site.fc1_up_weight is not None:
             fc1 = self.call(torch.cat, [fc1, self.weight(site.fc1_up_weight)], 1)
@@ -108,6 +130,8 @@ class _Inserter:
         probs = site.probs
         if probs is not None and val(probs).dim() != 1:
             probs = self.call(torch.reshape, probs, (-1,))
+        for mask in dict.fromkeys((m.mask, m.zero_where) for m in site.row_masks):  # each once
+            probs = self.fold_row_mask(*mask, probs)
         x_val, fc2_val = val(x), val(fc2)
         with self.fake_mode:
             y_val = x_val.new_empty((x_val.shape[0], fc2_val.shape[1]), dtype=torch.bfloat16)
@@ -122,13 +146,30 @@ class _Inserter:
         _erase_dead(self.graph, site.nodes)
 
     def weight(self, weight: Weight) -> Node:
-        w = weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0)
+        w = self.bf16(weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0))
         return w if weight.layout == "out_in" else self.call(torch.transpose, w, 1, 2)
+
+    def fold_row_mask(self, mask: Node, zero_where: bool, probs: Node | None) -> Node:
+        """probs with the rows where ``mask`` is ``zero_where`` set to 0 (RowMask;
+        masked_fill: its backward gives those rows dprob = 0, as the original graph does);
+        a 0/1 prob when there was none."""
+        rows = mask if val(mask).dim() == 1 else self.call(torch.reshape, mask, (-1,))
+        if not zero_where:
+            rows = self.call(torch.logical_not, rows)
+        if probs is None:
+            return self.method("to", self.call(torch.logical_not, rows), torch.float32)
+        return self.call(torch.masked_fill, probs, rows, 0.0)
 
     def group_sizes(self, site: Site, x: Node) -> Node:
         sizes, device = site.group_sizes, val(x).device
         if sizes.kind == "offsets":
             offs = sizes.source
+            if site.row_masks:
+                # Rows past offs[-1] are the masked rows (transformers' expert-parallel
+                # sentinels sort to the tail, which histc leaves out of offs): they join
+                # the last group, where their zeroed prob gives Y = 0 and dprob = 0.
+                end = self.call(torch.full, (1,), self.method("size", x, 0), dtype=val(offs).dtype, device=device)
+                offs = self.call(torch.cat, [self.call(operator.getitem, offs, slice(None, -1)), end])
             zero = self.call(torch.zeros, (1,), dtype=val(offs).dtype, device=device)
             out = self.call(torch.diff, offs, dim=0, prepend=zero)
         elif sizes.kind == "sizes":

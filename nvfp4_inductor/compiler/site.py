@@ -19,14 +19,17 @@ graph they computed; ``rewrite.rewrite_sites`` turns it into the canonical call
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+import sys
 from typing import Literal, Union
 
 import torch.fx
 
 from ..activations import get_activation
+from .nodes import RowMask
 
-Spelling = Literal["token_permutation", "grouped_mm", "expert_loop", "bmm", "grouped_mlp_module"]
+Spelling = Literal["token_permutation", "grouped_mm", "expert_loop", "bmm", "grouped_mlp_module", "library_op"]
 WeightLayout = Literal["out_in", "in_out"]
 
 
@@ -100,6 +103,8 @@ class Site:
     nodes: every node the match consumed; those left without users after the rewrite are
         erased (a node also used elsewhere, e.g. a shared split, is kept).
     x_batched: x is a (G, T/G, H) batch (bmm); the rewrite flattens it and reshapes y back.
+    row_masks: row masks on fc1's output, on D or on fc2's output (``nodes.RowMask``); the
+        rewrite folds them into probs as zeros (a ones prob when the site has none).
     """
 
     x: torch.fx.Node
@@ -116,6 +121,7 @@ class Site:
     fc1_up_weight: Weight | None = None
     gate_second: bool = False
     x_batched: bool = False
+    row_masks: tuple[RowMask, ...] = ()
 
     def __post_init__(self):
         entry = get_activation(self.activation, "Site.activation")
@@ -145,24 +151,65 @@ class Rejection:
 
 
 def location_of(node: torch.fx.Node) -> str:
-    """``"<module path> (<file>:<line>)"`` of the user code that produced ``node``."""
+    """``"<module path> (<file>:<line> in <fn>)"`` of the user code that produced ``node``:
+    the innermost frame in the file that defines the innermost module of the node's module
+    stack (for a transformers model, the model file's line that calls the experts, not
+    ``integrations/moe.py`` or ``torch/nn/functional.py``); else in the file of the compiled
+    code; else the innermost frame outside torch; else the innermost frame."""
     parts = []
     module_stack = node.meta.get("nn_module_stack")
+    files = []
     if module_stack:
-        path, _ = list(module_stack.values())[-1]
-        parts.append(path)
-    frame = _last_frame(node.meta.get("stack_trace") or "")
+        for path, module_type in reversed(list(module_stack.values())):
+            if not parts:
+                parts.append(path)
+            files.append(_source_file(module_type))
+    frame = _user_frame(node.meta.get("stack_trace") or "", [f for f in files if f])
     if frame:
         parts.append(f"({frame})" if parts else frame)
     return " ".join(parts) or f"node {node.name}"
 
 
-def _last_frame(stack_trace: str) -> str:
-    """``file:line in fn`` of the innermost frame of a Dynamo ``stack_trace``."""
-    for line in reversed(stack_trace.strip().splitlines()):
+def _source_file(module_type) -> str | None:
+    """The file that defines a module class (given as the class or its qualified name)."""
+    if isinstance(module_type, str):
+        module_name, _, class_name = module_type.rpartition(".")
+        module_type = getattr(sys.modules.get(module_name), class_name, None)
+    try:
+        return os.path.realpath(inspect.getsourcefile(module_type))
+    except TypeError:
+        return None
+
+
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+
+
+def _frames(stack_trace: str) -> list[tuple[str, str, str]]:
+    """``(file, line, fn)`` of each frame of a Dynamo ``stack_trace``, outermost first."""
+    frames = []
+    for line in stack_trace.strip().splitlines():
         line = line.strip()
         if line.startswith('File "'):
             file_part, _, rest = line[len('File "'):].partition('", line ')
             lineno, _, fn = rest.partition(", in ")
-            return f"{os.path.basename(file_part)}:{lineno} in {fn}"
-    return ""
+            frames.append((file_part, lineno, fn))
+    return frames
+
+
+def _user_frame(stack_trace: str, module_files: list[str]) -> str:
+    """``file:line in fn`` of the frame ``location_of`` names."""
+    frames = _frames(stack_trace)
+    if not frames:
+        return ""
+    real = [(os.path.realpath(f), f, line, fn) for f, line, fn in frames]
+    # the files of the module stack, innermost module first; then the compiled code's own
+    # file (the outermost frame: the caller of a library's module built standalone)
+    for module_file in [*module_files, real[0][0]]:
+        for path, f, line, fn in reversed(real):
+            if path == module_file:
+                return f"{os.path.basename(f)}:{line} in {fn}"
+    for path, f, line, fn in reversed(real):
+        if not path.startswith(_TORCH_DIR):
+            return f"{os.path.basename(f)}:{line} in {fn}"
+    _, f, line, fn = real[-1]
+    return f"{os.path.basename(f)}:{line} in {fn}"

@@ -1,0 +1,166 @@
+"""Tiny CPU builds of real model libraries' MoE code, for tests/test_model_libraries.py.
+
+transformers (the installed release): every experts class its models decorate with
+``use_experts_implementation`` is found by reading the package (``transformers_experts``),
+built from its own config class with tiny sizes (``build_experts``), and put behind a
+softmax top-k router (moe_models.SparseMoeBlock); ``expected_activation`` says which
+registered activation its ``act_fn`` / ``_apply_gate`` computes, by evaluating it (the
+recognition must follow the function, not a release's spelling). ``tiny_causal_lm`` builds
+whole one-layer models of the named families. torchtitan is re-created in moe_models.py
+(its dependencies are too heavy for CI; see README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import pkgutil
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+# Attributes a config may size experts by; each set when present (lists keep their length).
+TINY_SIZES = dict(hidden_size=32, moe_hidden_size=32, intermediate_size=32, moe_intermediate_size=32,
+                  expert_intermediate_size=32, num_experts=4, n_routed_experts=4, num_local_experts=4,
+                  moe_num_experts=4, num_experts_per_tok=2, moe_topk=2, n_group=1, topk_group=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsCase:
+    family: str          # the models/ folder, e.g. "qwen3_moe"
+    experts: type        # the experts class, e.g. Qwen3MoeExperts
+    module: str          # its modeling module
+    grouped_mm: bool     # decorated with use_experts_implementation (else an eager loop only)
+
+    def __str__(self):
+        return f"{self.family}-{self.experts.__name__}"
+
+
+@functools.cache
+def transformers_experts() -> tuple[ExpertsCase, ...]:
+    """Every experts class of the installed transformers with an ``_apply_gate`` (the
+    decorator ``use_experts_implementation`` adds one; a few eager-only classes define
+    their own): ``grouped_mm`` says whether the decorator wrapped its forward."""
+    import transformers.models
+
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in pkgutil.iter_modules(transformers.models.__path__):
+            name = f"transformers.models.{info.name}.modeling_{info.name}"
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # a family whose optional dependency is missing
+                continue
+            for cls in vars(module).values():
+                if (inspect.isclass(cls) and cls.__module__ == name and issubclass(cls, torch.nn.Module)
+                        and "_apply_gate" in vars(cls) and "Experts" in cls.__name__):
+                    decorated = getattr(cls.forward, "__wrapped__", None) is not None
+                    found.append(ExpertsCase(info.name, cls, name, decorated))
+    return tuple(found)
+
+
+def _configs(module_name: str) -> list[type]:
+    from transformers import PretrainedConfig
+
+    module = importlib.import_module(module_name)
+    configs = [v for v in vars(module).values() if inspect.isclass(v) and issubclass(v, PretrainedConfig)]
+    return sorted(configs, key=lambda c: ("Text" not in c.__name__, len(c.__name__)))
+
+
+def _shrink(config) -> None:
+    for key, value in TINY_SIZES.items():
+        if not hasattr(config, key):
+            continue
+        current = getattr(config, key)
+        try:
+            setattr(config, key, [value] * len(current) if isinstance(current, (list, tuple)) else value)
+        except Exception:  # a strict field of another type
+            pass
+
+
+def build_experts(case: ExpertsCase, dtype=torch.bfloat16) -> torch.nn.Module:
+    """The experts module built from its family's config with tiny sizes, on the
+    grouped_mm implementation; raises when no config class of the family builds it small."""
+    errors = []
+    for config_class in _configs(case.module):
+        try:
+            config = config_class()
+            _shrink(config)
+            config._experts_implementation = "grouped_mm"
+            sized = "intermediate_size" in inspect.signature(case.experts.__init__).parameters and isinstance(
+                getattr(config, "moe_intermediate_size", None), (list, tuple))  # per-modality sizes (Ernie VL)
+            experts = case.experts(config, intermediate_size=32) if sized else case.experts(config)
+        except Exception as e:
+            errors.append(f"{config_class.__name__}: {type(e).__name__}: {e}"[:200])
+            continue
+        numel = sum(p.numel() for p in experts.parameters())
+        if numel > 100_000:
+            errors.append(f"{config_class.__name__}: {numel} parameters")
+            continue
+        torch.manual_seed(0)
+        for p in experts.parameters():  # the module leaves them uninitialised
+            torch.nn.init.normal_(p, std=p.shape[-1] ** -0.5)
+        return experts.to(dtype)
+    raise RuntimeError(f"no config of {case.family} builds {case.experts.__name__} small: {errors}")
+
+
+def expected_activation(experts: torch.nn.Module) -> str | None:
+    """The registered activation the experts compute between their GEMMs, found by
+    evaluating their own ``_apply_gate`` / ``act_fn`` on random values (fp32): "swiglu"
+    (silu(gate) * up of the two halves), "srelu" (relu(h)**2), or None (anything else)."""
+    gen = torch.Generator().manual_seed(0)
+    width = 2 * 16 if getattr(experts, "has_gate", True) else 16
+    h = torch.randn(8, width, generator=gen) * 3
+    with torch.no_grad():
+        if getattr(experts, "has_gate", True):
+            if not getattr(experts, "is_concatenated", True):
+                return None
+            got = experts._apply_gate(h)
+            want = F.silu(h[:, :16]) * h[:, 16:]
+            return "swiglu" if got.shape == want.shape and torch.allclose(got, want, atol=1e-5) else None
+        got = experts.act_fn(h)
+    return "srelu" if torch.allclose(got, F.relu(h) ** 2, atol=1e-5) else None
+
+
+# ----------------------------------------------------------------------------- whole models
+
+_COMMON = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+               max_position_embeddings=64, num_experts_per_tok=2)
+
+
+def tiny_causal_lm(family: str, dtype=torch.bfloat16, experts_implementation="grouped_mm"):
+    """A one-layer, one-MoE-layer CausalLM of ``family`` (hidden 32, 4 experts, top-2)."""
+    import transformers as tf
+
+    configs = {
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**_COMMON, intermediate_size=64, moe_intermediate_size=32,
+                                               head_dim=16, num_experts=4),
+        "mixtral": lambda: tf.MixtralConfig(**_COMMON, intermediate_size=32, head_dim=16, num_local_experts=4),
+        "olmoe": lambda: tf.OlmoeConfig(**_COMMON, intermediate_size=32, num_experts=4),
+        "gpt_oss": lambda: tf.GptOssConfig(**_COMMON, intermediate_size=32, head_dim=16, num_local_experts=4,
+                                           layer_types=["full_attention"]),
+    }
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tf.AutoModelForCausalLM.from_config(configs[family](), experts_implementation=experts_implementation,
+                                                   dtype=dtype)
+
+
+class Logits(torch.nn.Module):
+    """``model(input_ids).logits`` as a module, so compare() sees the model's parameters."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).logits
+
+
+def input_ids(seed=0, batch=2, length=8):
+    return torch.randint(0, _COMMON["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))

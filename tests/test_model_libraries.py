@@ -1,0 +1,197 @@
+"""The real model libraries' MoE code (the installed transformers; torchtitan re-created in
+moe_models.py), tiny configs on the CPU: every experts class found or rejected with its
+reason according to the function it computes, compiled training steps (forward and
+backward) bitwise equal to the eager NVFP4 chain, whole one-layer models in eval and in
+training, fp32 master weights under bf16 autocast, near-misses listed by ``explain``.
+
+Cost: the recognition scan traces each experts class once (~0.3 s each); the compiled
+comparisons run with ``compiler="aot_eager"`` on one class per distinct experts form (the
+other classes of a form run the same ``grouped_mm_experts_forward`` on the same activation
+module; the scan checks each of them is recognised).
+"""
+
+import os
+
+os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # before anything compiles
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
+
+import library_models as lib  # noqa: E402
+import moe_models as mm  # noqa: E402
+import nvfp4_inductor as nv  # noqa: E402
+from nvfp4_inductor.compiler.rewrite import find_sites  # noqa: E402
+
+CASES = lib.transformers_experts()
+
+
+def _capture(model, args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*args)
+    return graphs
+
+
+def test_the_scan_finds_the_families_named_in_the_issue():
+    families = {c.family for c in CASES}
+    assert {"qwen3_moe", "mixtral", "olmoe", "nemotron_h", "gpt_oss", "deepseek_v3"} <= families, sorted(families)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_transformers_experts_follow_the_function(case):
+    """Every grouped_mm experts class: one site when its activation computes SwiGLU or
+    SReLU (found by evaluating it), else rejections that say why; never silence."""
+    experts = lib.build_experts(case)
+    expected = lib.expected_activation(experts)
+    block = mm.SparseMoeBlock(experts)
+    graphs = _capture(block, (mm._x(0, 32, mm.H),))
+    found = [find_sites(gm) for gm in graphs]
+    sites = [s for f in found for s in f[0]]
+    rejections = [r for f in found for r in f[1]]
+    if not case.grouped_mm:  # an eager loop over the hit experts: Dynamo breaks the graph
+        assert sites == [] and len(graphs) > 1
+    elif expected is not None:
+        assert [s.activation for s in sites] == [expected] and rejections == [], rejections
+        assert f"modeling_{case.family}.py" in sites[0].location or "moe_models.py" in sites[0].location
+    else:
+        assert sites == [] and rejections and all(r.reason for r in rejections)
+
+
+def _forms():
+    """One experts class per distinct form among the recognised ones."""
+    forms = {}
+    for case in CASES:
+        try:
+            experts = lib.build_experts(case)
+        except RuntimeError:  # test_transformers_experts_follow_the_function reports it
+            continue
+        if lib.expected_activation(experts) is None or not case.grouped_mm:
+            continue
+        act = getattr(experts, "act_fn", None)
+        key = (type(act).__name__ if isinstance(act, torch.nn.Module) else getattr(act, "__name__", None),
+               getattr(experts, "has_gate", True), getattr(experts, "is_transposed", False),
+               getattr(experts, "has_bias", False), getattr(experts, "has_post_expert_norm", False),
+               type(experts)._apply_gate.__qualname__)
+        forms.setdefault(key, case)
+    return list(forms.values())
+
+
+@pytest.mark.parametrize("case", _forms(), ids=str)
+def test_transformers_experts_forms_compiled_equal_eager(case):
+    experts = lib.build_experts(case)
+    block = mm.SparseMoeBlock(experts)
+    x = mm._x(0, 32, mm.H).requires_grad_()
+    report = nv.compare(block, x, compiler="aot_eager")
+    assert report.bitwise, str(report)
+
+
+FAMILIES = ["qwen3_moe", "mixtral", "olmoe"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_model_training_step(family):
+    """One site per MoE layer, located in the model's file; forward + backward of the
+    whole model bitwise equal to the eager NVFP4 chain (every parameter's gradient)."""
+    model = lib.Logits(lib.tiny_causal_lm(family)).train()
+    ids = lib.input_ids()
+    report = nv.explain(model, ids)
+    assert [(s.spelling, s.activation) for s in report.sites] == [("token_permutation", "swiglu")], str(report)
+    assert f"modeling_{family}.py:" in report.sites[0].location and report.rejected == []
+    compared = nv.compare(model, ids, compiler="aot_eager")
+    assert compared.bitwise and len(compared.rows) > 10, str(compared)
+
+
+@pytest.mark.parametrize("family", FAMILIES[:1])
+def test_whole_model_eval(family):
+    model = lib.Logits(lib.tiny_causal_lm(family)).eval()
+    ids = lib.input_ids()
+    with torch.no_grad():
+        assert len(nv.explain(model, ids).sites) == 1
+        compared = nv.compare(model, ids, compiler="aot_eager")
+    assert compared.bitwise and len(compared.rows) == 1, str(compared)
+
+
+def test_fp32_master_weights_under_bf16_autocast():
+    """fp32 parameters, bf16 autocast around the step (the usual mixed precision): the
+    experts run through transformers' own fallback op in fp32; the site is rewritten on
+    bf16 casts, and the fp32 weights get fp32 gradients through the casts."""
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
+    ids = lib.input_ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = nv.explain(model, ids)
+        compared = nv.compare(model, ids, compiler="aot_eager")
+    assert [s.activation for s in report.sites] == ["swiglu"] and report.rejected == [], str(report)
+    assert compared.bitwise, str(compared)
+    experts = model.model.model.layers[0].mlp.experts
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(model, backend=nv.backend(compiler="aot_eager"))(ids).float().pow(2).mean().backward()
+    assert experts.gate_up_proj.grad.dtype == torch.float32 and experts.gate_up_proj.grad.abs().sum() > 0
+
+
+def test_autocast_inside_the_compiled_function():
+    """``with torch.autocast`` inside the compiled code: Dynamo records it as graph nodes."""
+    model = lib.tiny_causal_lm("mixtral", dtype=torch.float32).train()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.model(input_ids=ids).logits
+
+    ids = lib.input_ids()
+    assert len(nv.explain(Step(), ids).sites) == 1
+    compared = nv.compare(Step(), ids, compiler="aot_eager")
+    assert compared.bitwise, str(compared)
+
+
+def test_fp32_model_lists_every_skipped_candidate_with_its_reason():
+    """No autocast, fp32 weights: transformers routes the experts through its own op; the
+    candidate is listed with the rule and the value, at the model file's line."""
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32))
+    report = nv.explain(model, lib.input_ids())
+    assert report.sites == [] and len(report.rejected) == 1, str(report)
+    location, spelling, reason = report.rejected[0]
+    assert "x is torch.float32" in reason and "no torch.autocast is in force" in reason
+    assert "modeling_qwen3_moe.py:" in location and "functional.py" not in location
+
+
+def test_gpt_oss_is_a_near_miss_with_its_reason():
+    model = lib.Logits(lib.tiny_causal_lm("gpt_oss"))
+    report = nv.explain(model, lib.input_ids())
+    assert report.sites == [] and report.rejected, str(report)
+    assert any("modeling_gpt_oss.py" in loc and "is not srelu, tanh_srelu or swiglu" in reason
+               for loc, _, reason in report.rejected), str(report)
+
+
+def test_eager_experts_loop_is_reported_not_crashed():
+    """``experts_implementation="eager"``: a loop over the hit experts (data-dependent):
+    Dynamo breaks the graph; explain says so."""
+    model = lib.Logits(lib.tiny_causal_lm("olmoe", experts_implementation="eager"))
+    report = nv.explain(model, lib.input_ids())
+    assert report.sites == [] and report.graph_breaks, str(report)
+
+
+def test_batched_mm_is_rejected_with_its_reason():
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", experts_implementation="batched_mm"))
+    report = nv.explain(model, lib.input_ids())
+    assert report.sites == [] and any("per-token" in reason for *_, reason in report.rejected), str(report)
+
+
+def test_fp32_master_weights_under_bf16_autocast_with_inductor():
+    """The same step with Inductor's code generation on both sides (the ops around the
+    expert block compiled by stock Inductor in the eager-semantics run too)."""
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compared = nv.compare(model, lib.input_ids(), surroundings="inductor")
+    assert compared.bitwise, str(compared)
