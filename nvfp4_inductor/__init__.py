@@ -2,7 +2,7 @@
 
     torch.compile(model, backend="nvfp4")             # or backend=nvfp4_inductor.backend(...)
     nvfp4_inductor.GroupedMLP / grouped_mlp           # eager NVFP4 (the reference semantics)
-    nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (SPEC.md 1-4)
+    nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (docs/numerics.md 1-4)
     nvfp4_inductor.explain / dump_code / compare      # look inside and check, bitwise
 """
 

@@ -1,4 +1,4 @@
-"""Activations: the registry and the reference math (SPEC.md section 5). One of three
+"""Activations: the registry and the reference math (docs/numerics.md section 5). One of three
 activation modules: this one says what each activation is; ``compiler/match_activation.py``
 finds the registered activations in Dynamo graphs; ``kernels/activation.py`` runs them in
 Triton.

@@ -1,4 +1,4 @@
-"""NVFP4 constants, each defined once (SPEC.md sections 1-3). Everything imports these."""
+"""NVFP4 constants, each defined once (docs/numerics.md section 1-3). Everything imports these."""
 
 import struct
 
@@ -13,8 +13,8 @@ FP4_MAX = 6.0  # largest E2M1 magnitude
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn magnitude: 0x7E = 1.75 * 2**8
 FP4_E4M3_MAX = FP4_MAX * E4M3_MAX  # 2688: global encode scale numerator
 FLT_MAX = _f32(3.4028234663852886e38)  # largest finite fp32
-INV_FP4_MAX = _f32(1.0 / 6.0)  # fp32(1/6) = 0x3E2AAAAB; multiplied, never divided (SPEC 2.2)
-INV_FP4_E4M3_MAX = _f32(1.0 / 2688.0)  # fp32(1/2688), the dequantize factor (SPEC 2.6)
+INV_FP4_MAX = _f32(1.0 / 6.0)  # fp32(1/6) = 0x3E2AAAAB; multiplied, never divided (numerics.md 2.2)
+INV_FP4_E4M3_MAX = _f32(1.0 / 2688.0)  # fp32(1/2688), the dequantize factor (numerics.md 2.6)
 GEMM_ALPHA_DIVISOR = FP4_E4M3_MAX * FP4_E4M3_MAX  # 2688**2 = 7225344, exact in fp32
 
 # E2M1 code -> value for codes 0..7 (sign | 2-bit exponent, bias 1 | 1-bit mantissa);

@@ -1,4 +1,4 @@
-"""Bit-level E2M1 / E4M3 encode and decode, and block dequantization (SPEC.md sections 1-2).
+"""Bit-level E2M1 / E4M3 encode and decode, and block dequantization (docs/numerics.md section 1-2).
 
 Written with explicit fp32 comparisons and integer bit operations, never with
 ``.to(torch.float8_e4m3fn)``: casts round differently across devices and in the Triton
@@ -111,7 +111,7 @@ def unpack_fp4(data: torch.Tensor) -> torch.Tensor:
 def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """Dequantize a 1x16-blocked matrix: data (R, C/2), scale (R, C/16), amax (R, 1) or scalar.
 
-    Order (SPEC 2.6): ``(float(scale) * amax) * fp32(1/2688)`` first, then times the
+    Order (numerics.md 2.6): ``(float(scale) * amax) * fp32(1/2688)`` first, then times the
     E2M1 value; returns fp32 (R, C).
     """
     block_factor = (e4m3_decode(scale) * amax) * INV_FP4_E4M3_MAX

@@ -1,6 +1,6 @@
 """The grouped MLP in eager NVFP4: ``grouped_mlp`` and the ``GroupedMLP`` module.
 
-Forward and backward are SPEC.md section 5 run op by op (one ``nvfp4::`` op per step),
+Forward and backward are docs/numerics.md section 5 run op by op (one ``nvfp4::`` op per step),
 which is the semantics the compiled path reproduces bit for bit from fused ops.
 
     forward                                       backward (dY)
@@ -100,7 +100,7 @@ def grouped_mlp(
     tanh_clamp_scale: Optional[float] = None,
     recipe: Optional[Recipe] = None,
 ) -> torch.Tensor:
-    """Y = fc2(f(fc1(x)) * probs) per expert, in NVFP4 (SPEC 5), eagerly, op by op.
+    """Y = fc2(f(fc1(x)) * probs) per expert, in NVFP4 (numerics.md 5), eagerly, op by op.
 
     x: (T, H) bf16, rows sorted by expert; fc1_weight: (G, F1, H) bf16 (F1 = 2F for a
     gated activation such as swiglu: rows 0..F-1 gate, F..2F-1 up); fc2_weight: (G, H, F)

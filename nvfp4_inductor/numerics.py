@@ -1,6 +1,6 @@
 """NVFP4 numerics in plain PyTorch: the reference every kernel is tested against.
 
-This module is SPEC.md sections 1-4 in code. It runs on CPU and CUDA tensors and needs
+This module is docs/numerics.md section 1-4 in code. It runs on CPU and CUDA tensors and needs
 neither Triton nor a GPU. Load-bearing details (do not tidy them away):
 
 Scale chain for a tensor or group with amax A, in fp32, in this order:
@@ -276,7 +276,7 @@ def quantize_torch(
     columnwise_amax: Optional[torch.Tensor] = None,
     seed: Optional[int] = None,
 ) -> NVFP4Tensor:
-    """Quantize an (M, K) tensor (SPEC 2-4). Arguments as ``nvfp4_inductor.quantize``;
+    """Quantize an (M, K) tensor (numerics.md 2-4). Arguments as ``nvfp4_inductor.quantize``;
     `seed` (drawn with ``draw_seed`` when None and stochastic rounding is on) fixes the bits.
     Inputs are assumed valid (``nvfp4_inductor.validate`` checks them)."""
     if stochastic_rounding and seed is None:
@@ -359,7 +359,7 @@ def group_quantize_torch(
     columnwise_amax: Optional[torch.Tensor] = None,
     seed: Optional[int] = None,
 ) -> NVFP4GroupedTensor:
-    """Quantize a (T, K) tensor of G row groups, each with its own amaxes (SPEC 4).
+    """Quantize a (T, K) tensor of G row groups, each with its own amaxes (numerics.md 4).
     Arguments as ``nvfp4_inductor.group_quantize`` (block_2d is accepted for symmetry but
     groups of tokens are never 2D-quantized: it is rejected by validation)."""
     if stochastic_rounding and seed is None:

@@ -31,7 +31,7 @@ def quantize(
     columnwise_amax: Optional[torch.Tensor] = None,
     sr_per_rank: bool = True,
 ) -> NVFP4Tensor:
-    """Quantize an (M, K) tensor to NVFP4 (SPEC 1-4).
+    """Quantize an (M, K) tensor to NVFP4 (numerics.md 1-4).
 
     rowwise / columnwise: which copies to make (column-wise = the quantization of x^T,
     for wgrad). rht: random Hadamard transform of the column-wise copy only (bf16 x).
@@ -68,7 +68,7 @@ def group_quantize(
     sr_per_rank: bool = True,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor whose rows are G groups of sizes `group_sizes` (an int
-    tensor on x's device), each group with its own amaxes (SPEC 4). Options as
+    tensor on x's device), each group with its own amaxes (numerics.md 4). Options as
     ``quantize``; amaxes, if supplied, are fp32 (G,). Group sizes may be anything >= 0
     summing to T (rows past a group's end count as zeros in its column-wise copy)."""
     check_quantize_args(

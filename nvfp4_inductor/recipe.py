@@ -1,4 +1,4 @@
-"""The NVFP4 training recipe: one frozen options object (SPEC.md section 4).
+"""The NVFP4 training recipe: one frozen options object (docs/numerics.md section 4).
 
 Defaults follow TransformerEngine's NVFP4 recipe. Every field changes numerics, and
 each states its effect; all combinations are bitwise reproducible under a fixed

@@ -120,7 +120,7 @@ def _dequantize_copy(data, scale, amax, which: str) -> torch.Tensor:
 
 @dataclasses.dataclass
 class NVFP4WeightStack:
-    """A (G, N, K) stack of expert weights, quantized per expert (SPEC 4: 16x16 tiles).
+    """A (G, N, K) stack of expert weights, quantized per expert (numerics.md 4: 16x16 tiles).
 
     rowwise_data:     uint8 (G, N, K/2)   feeds fprop (x . W^T, contraction over K)
     rowwise_scale:    float8_e4m3fn (G, N, K/16)

@@ -42,7 +42,7 @@ def check_quantize_args(
     block_2d: bool,
     grouped: bool,
 ) -> None:
-    """The rules of SPEC sections 1-4 for one quantize call."""
+    """The rules of numerics.md sections 1-4 for one quantize call."""
     check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
     check_ndim("x", x, 2, "(M, K)" if not grouped else "(T, K)")
     if not (rowwise or columnwise):
@@ -55,7 +55,7 @@ def check_quantize_args(
             raise ValueError("block_2d: 16x16 tiles are for weights; grouped (token) tensors use 1x16 blocks")
         check_multiple_of_16("x.shape[0] (M) with block_2d", x.shape[0])
     if rht and columnwise and x.dtype != torch.bfloat16:
-        raise ValueError(f"rht needs a bfloat16 x (SPEC 3); got {str(x.dtype).replace('torch.', '')}")
+        raise ValueError(f"rht needs a bfloat16 x (numerics.md 3); got {str(x.dtype).replace('torch.', '')}")
     if not isinstance(sign_mask, int) or not 0 <= sign_mask <= 0xFFFF:
         raise ValueError(f"sign_mask must be a 16-bit int; got {sign_mask!r}")
 
@@ -102,7 +102,7 @@ def check_grouped_mlp_args(
     activation: str,
     tanh_clamp_scale: Optional[float],
 ) -> None:
-    """The grouped MLP's contract (SPEC 5); shapes and dtypes only (no values read)."""
+    """The grouped MLP's contract (numerics.md 5); shapes and dtypes only (no values read)."""
     entry = get_activation(activation)
     if entry.takes_scale:
         if tanh_clamp_scale is None or not tanh_clamp_scale > 0:

@@ -6,7 +6,7 @@
   keep |c| > 1e-2 so no finite-difference step of gradcheck (eps = 1e-6) crosses the kink
   of relu at 0 (SReLU, tanh-SReLU).
 * ``activation_backward(regenerate=True)`` hands back D with exactly the bytes of
-  ``activation_forward`` (the backward recompute of the fc2 input, SPEC 5/6).
+  ``activation_forward`` (the backward recompute of the fc2 input, numerics.md 5/6).
 * ``row_sum`` (the dprob reduction) equals a hand-written loop in the documented order,
   and differs from a naive left-to-right sum on an adversarial row: the order is pinned,
   not whatever torch.sum picks. dprob is identical across runs.
@@ -76,7 +76,7 @@ def test_gradcheck_tanh_srelu_saturating_clamp():
 
 @pytest.mark.parametrize("activation,clamp", ACTS, ids=ACT_IDS)
 def test_forward_matches_spec_formula(activation, clamp):
-    """D = bf16(f(float(C)) * p), f written out from SPEC 5 independently of activations.py."""
+    """D = bf16(f(float(C)) * p), f written out from numerics.md 5 independently of activations.py."""
     c, _, probs = _inputs(3, activation, True, t=32, f=32, dtype=torch.bfloat16)
     probs = probs.float()
     cf = c.float()

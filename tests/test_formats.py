@@ -56,7 +56,7 @@ def next_down(x: float) -> float:
 
 FLT_MAX = f32_from_bits(0x7F7FFFFF)
 
-# E2M1 (SPEC 1): codes 0..7 are these magnitudes, 8..15 their negatives.
+# E2M1 (numerics.md 1): codes 0..7 are these magnitudes, 8..15 their negatives.
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
@@ -183,7 +183,7 @@ def test_e2m1_grid_interior_and_clamp_edges():
 
 
 def test_e2m1_negative_zero_is_code_0():
-    """Documented convention (SPEC 2.7, formats.e2m1_encode): exact -0.0 -> code 0."""
+    """Documented convention (numerics.md 2.7, formats.e2m1_encode): exact -0.0 -> code 0."""
     assert formats.e2m1_encode(_t([-0.0])).item() == 0
     assert formats.e2m1_encode(_t([0.0])).item() == 0
 
@@ -379,7 +379,7 @@ def test_e4m3_encode_random_matches_oracles():
 
 
 # ---------------------------------------------------------------------------------------
-# Block dequantization (SPEC 2.6)
+# Block dequantization (numerics.md 2.6)
 
 
 def _dequant_oracle(scale_code: int, amax: float, code: int) -> float:

@@ -7,7 +7,7 @@ so each call is one or two programs). `@pytest.mark.gpu` tests run the big shape
 CUDA device (``pytest -m gpu``); they are skipped, with the reason, without one.
 
 Cases are data (STYLE rule 22): ``GROUP_CASES`` / ``SINGLE_CASES`` name the input, the
-group sizes and the options. Pruned on purpose: fp32 inputs with RHT (SPEC 3: RHT needs
+group sizes and the options. Pruned on purpose: fp32 inputs with RHT (numerics.md 3: RHT needs
 bf16) and block_2d with RHT (weights are never transformed; the kernels raise).
 """
 

@@ -193,5 +193,5 @@ def test_fp32_master_weights_under_bf16_autocast_with_inductor():
     expert block compiled by stock Inductor in the eager-semantics run too)."""
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        compared = nv.compare(model, lib.input_ids(), surroundings="inductor")
+        compared = nv.compare(model, lib.input_ids())  # scope="blocks", compiler="inductor": the defaults
     assert compared.bitwise, str(compared)

@@ -1,4 +1,4 @@
-"""nvfp4_inductor/nn.py: ``grouped_mlp`` and ``GroupedMLP`` (SPEC 5), eager, on the CPU.
+"""nvfp4_inductor/nn.py: ``grouped_mlp`` and ``GroupedMLP`` (numerics.md 5), eager, on the CPU.
 
 Cases: every activation x router probs on/off, with uneven groups (20, 0, 37, 23): an
 empty expert and sizes that are not multiples of 16; G = 4, H = 32, F = 48, T = 80.
@@ -7,7 +7,7 @@ What is checked, and the tolerance of each (relative errors are Frobenius norms,
 ||a - b|| / ||b||):
 
 (a) Against fp64 autograd of the same math on dequantized operands.
-    * Y, tol 1e-2: the reference runs SPEC 5's forward with the library's own quantizers
+    * Y, tol 1e-2: the reference runs numerics.md 5's forward with the library's own quantizers
       (x row-wise, weights in 16x16 tiles, D row-wise) and rounds C and D to bf16 exactly
       where the spec does, so the only differences left are fp32-vs-fp64 accumulation,
       which can move a C element by one bf16 ulp (and through D's quantization, rarely,
@@ -140,7 +140,7 @@ def _dequantized_operands(x, w1, w2, gs):
 
 
 def _reference_y(case: Case, x, w1, w2, gs, probs):
-    """SPEC 5 forward in fp64 on dequantized operands, rounding C and D to bf16 where the
+    """numerics.md 5 forward in fp64 on dequantized operands, rounding C and D to bf16 where the
     spec does and quantizing D row-wise with the public quantizer."""
     xd, w1d, w2d = _dequantized_operands(x, w1, w2, gs)
     c = _per_group(xd, w1d, case.sizes).to(torch.bfloat16)
@@ -378,7 +378,7 @@ def test_zero_tokens(case: Case):
 
 
 def test_all_zero_input():
-    """x = 0: every amax is 0 (S_enc = 1 by SPEC 2.1), so Y = 0 and gradients stay finite."""
+    """x = 0: every amax is 0 (S_enc = 1 by numerics.md 2.1), so Y = 0 and gradients stay finite."""
     case = CASES[0]
     x, w1, w2, gs, probs, dy = _inputs(case, 12)
     out = _run(nv.grouped_mlp, case, (torch.zeros_like(x), w1, w2, gs, probs, dy), seed=2)

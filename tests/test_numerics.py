@@ -1,7 +1,7 @@
-"""nvfp4_inductor/numerics.py against SPEC.md sections 2-4, bit for bit.
+"""nvfp4_inductor/numerics.py against docs/numerics.md section 2-4, bit for bit.
 
 Expected bytes come from oracles written here, independent of the code under test:
-  * ``hand_quantize``: the SPEC 2 scale chain in Python floats, every fp32 operation
+  * ``hand_quantize``: the numerics.md 2 scale chain in Python floats, every fp32 operation
     rounded once with ``f32`` (struct), E4M3/E2M1 rounding from the enumerated tables of
     test_formats.py, stochastic rounding with exact Fractions.
   * ``hand_rht``: the butterfly order pinned in numerics' docstring, each fp32 add rounded
@@ -11,7 +11,7 @@ Expected bytes come from oracles written here, independent of the code under tes
     against Random123's known-answer vectors and against Triton's ``tl.philox`` run in the
     Triton interpreter (in a subprocess, so TRITON_INTERPRET never leaks into this process).
   * Grouped layouts are checked against ``quantize_torch`` of each group zero-padded to 16
-    rows as a single tensor (the bitwise property SPEC 4 promises), after ``quantize_torch``
+    rows as a single tensor (the bitwise property numerics.md 4 promises), after ``quantize_torch``
     itself is pinned to ``hand_quantize`` above.
 Pruned: no NaN/inf inputs (SPEC leaves them undefined); shapes stay small so the whole
 file runs in a few seconds on 2 CPU cores.
@@ -49,20 +49,20 @@ from nvfp4_inductor.tensor import NVFP4GroupedTensor, NVFP4Tensor
 
 INV6 = f32(1.0 / 6.0)
 INV2688 = f32(1.0 / 2688.0)
-SPEC_SIGNS = [+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1]  # SPEC 3, verbatim
+SPEC_SIGNS = [+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1]  # numerics.md 3, verbatim
 SPEC_MASK = 0xD7E8
 
 # ---------------------------------------------------------------------------------------
-# Oracle: the SPEC 2 scale chain in Python floats
+# Oracle: the numerics.md 2 scale chain in Python floats
 
 
 def s_enc_of(amax: float) -> float:
-    """SPEC 2.1: S_enc = min(fp32(2688 / A), FLT_MAX); 1 when A == 0."""
+    """numerics.md 2.1: S_enc = min(fp32(2688 / A), FLT_MAX); 1 when A == 0."""
     return 1.0 if amax == 0 else min(f32(2688.0 / amax), FLT_MAX)
 
 
 def hand_block_scale(block_amax: float, s_enc: float) -> tuple[int, float]:
-    """SPEC 2.1-2.3 -> (E4M3 scale code, fp32 encode multiplier)."""
+    """numerics.md 2.1-2.3 -> (E4M3 scale code, fp32 encode multiplier)."""
     s_dec = f32(1.0 / s_enc)
     s = min(f32(block_amax * f32(s_enc * INV6)), FLT_MAX)
     code = e4m3_oracle(s)
@@ -209,7 +209,7 @@ def rows_of(x: torch.Tensor):
 
 
 # =======================================================================================
-# Scale chain on single blocks and small tensors (SPEC 2)
+# Scale chain on single blocks and small tensors (numerics.md 2)
 
 
 def test_all_zero_tensor():
@@ -226,7 +226,7 @@ def test_all_zero_tensor():
 
 
 def test_zero_amax_means_s_enc_1():
-    """SPEC 2.1: A == 0 gives S_enc = 1 (observable with a supplied amax of 0): the block
+    """numerics.md 2.1: A == 0 gives S_enc = 1 (observable with a supplied amax of 0): the block
     scale is then e4m3(block_amax * fp32(1/6))."""
     x = torch.tensor([[3.0, -1.5, 0.25, 7.0] + [0.0] * 12, [0.001] * 16])
     q = numerics.quantize_torch(x, rowwise_amax=fp32_scalar(0.0))
@@ -248,7 +248,7 @@ def test_zero_block_in_nonzero_tensor():
 
 
 def test_underflow_trap_codes_6():
-    """SPEC 2.5: a non-zero block whose scale underflows to 0 gets enc = FLT_MAX, so its
+    """numerics.md 2.5: a non-zero block whose scale underflows to 0 gets enc = FLT_MAX, so its
     fp32-normal elements are coded +-6 (codes 7 / 15) and dequantize to 0."""
     block = [1.0, -1.0, 0.5, -2e-3, 3e-38, -1.2e-38, 0.0, -0.0, 1e-39, 1e-45, 7.0, -0.02, 1.5, 2.0, -3.0, 0.1]
     # block amax 7 under a global amax of 1e7: s = 7 * 448 / 1e7 = 3.1e-4 < 2**-10 -> scale 0
@@ -270,7 +270,7 @@ S_ENC_AMAXES = [40.0, 3.0, 7.0, 0.1, 1 / 3, 12345.678, 1e-30, 3e38] + [f32(1.0 +
 
 
 def test_global_encode_scale_true_division():
-    """SPEC 2.1: S_enc = fp32(2688 / A), one correctly rounded fp32 division."""
+    """numerics.md 2.1: S_enc = fp32(2688 / A), one correctly rounded fp32 division."""
     amax = torch.tensor([f32(a) for a in S_ENC_AMAXES], dtype=torch.float32)
     expected = torch.tensor([s_enc_of(a) for a in amax.tolist()], dtype=torch.float32)
     assert_bytes_equal(numerics.global_encode_scale(amax), expected, "S_enc = fp32(2688 / A)")
@@ -283,7 +283,7 @@ def test_global_encode_scale_zero_and_overflow():
 
 
 def test_scale_tie_under_amax_40():
-    """Minimal consequence of the S_enc bug: A = 40, block amax 1.875. SPEC 2: S_enc =
+    """Minimal consequence of the S_enc bug: A = 40, block amax 1.875. numerics.md 2: S_enc =
     fp32(2688/40) = 67.19999695, m = fp32(S_enc * fp32(1/6)) = 11.2 (fp32), s = 1.875 * m =
     21.0 exactly: the E4M3 tie between 20 (0x5A) and 22 (0x5B) goes to the even code 0x5A.
     With S_enc = 67.20000458, s = 21.0000019 and the scale becomes 0x5B."""
@@ -299,7 +299,7 @@ AMAX_CASES = [1.0, 3.0, 6.0, 7.0, 0.1, 1 / 3, 448.0, 2688.0, 12345.678, 1e-30, 1
 
 @pytest.mark.parametrize("amax", AMAX_CASES, ids=[repr(a) for a in AMAX_CASES])
 def test_saturation_amax_block_gets_448(amax):
-    """SPEC 2.5: the block holding the global amax gets scale 448 (0x7E) and its max
+    """numerics.md 2.5: the block holding the global amax gets scale 448 (0x7E) and its max
     element code 6 (7 or 15)."""
     amax = f32(amax)
     for sign in (1.0, -1.0):
@@ -314,7 +314,7 @@ def test_saturation_amax_block_gets_448(amax):
 
 @pytest.mark.parametrize("amax", [1e-37, 1e-40, 1.4e-45], ids=["1e-37", "1e-40", "min_subnormal"])
 def test_tiny_amax_s_enc_clamped_to_flt_max(amax):
-    """2688 / A overflows fp32: S_enc = FLT_MAX, and the chain still matches SPEC 2."""
+    """2688 / A overflows fp32: S_enc = FLT_MAX, and the chain still matches numerics.md 2."""
     amax = f32(amax)
     row = [amax, -amax / 2] + [0.0] * 14
     x = torch.tensor([row], dtype=torch.float32)
@@ -376,7 +376,7 @@ CHAIN_CASES = [
 
 @pytest.mark.parametrize("case", CHAIN_CASES, ids=[c.name for c in CHAIN_CASES])
 def test_quantize_matches_hand_chain(case):
-    """quantize_torch == the SPEC 2 chain in Python floats, both copies (no RHT)."""
+    """quantize_torch == the numerics.md 2 chain in Python floats, both copies (no RHT)."""
     gen = torch.Generator().manual_seed(case.seed)
     x = (torch.randn(case.m, case.k, generator=gen) * case.scale * torch.exp2(torch.randint(-4, 4, (case.m, 1), generator=gen))).to(case.dtype)
     rows = rows_of(x)
@@ -472,7 +472,7 @@ def test_block_2d_columnwise_is_transpose():
 
 
 # =======================================================================================
-# RHT (SPEC 3)
+# RHT (numerics.md 3)
 
 
 def test_spec_sign_vector_is_mask_0xd7e8():
@@ -592,7 +592,7 @@ def test_rht_dw_equals_untransformed_product():
 
 
 # =======================================================================================
-# Grouped quantization (SPEC 4)
+# Grouped quantization (numerics.md 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -750,7 +750,7 @@ def test_grouped_dequantize_rowwise():
 
 
 # =======================================================================================
-# Stochastic rounding (SPEC 4; numerics docstring)
+# Stochastic rounding (numerics.md 4; numerics docstring)
 
 PHILOX_KAT = [  # Random123 kat_vectors, philox4x32 10 rounds: counter, key -> output
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

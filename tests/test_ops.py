@@ -5,7 +5,7 @@ nvfp4_inductor/compiler/fused.py).
 On the CPU every op runs the reference functions of ``numerics.py`` / ``activations.py``,
 so none of those is used as an oracle here. The oracles:
 
-* Known answers derived by hand from the SPEC 2 scale chain, written out next to each
+* Known answers derived by hand from the numerics.md 2 scale chain, written out next to each
   case: ties of the E2M1 grid, the block holding the amax (scale 448), an all-zero block,
   a block whose scale underflows (codes +-6), E4M3 subnormal scales, 2D tiles, and an RHT
   input built so that the transformed values land on the E2M1 grid.
@@ -14,13 +14,13 @@ so none of those is used as an oracle here. The oracles:
   D = scale * A / 2688 (computed in fp64; E4M3 decoded by torch's float8 cast, E2M1 by
   a table written here). Either neighbour passes at a tie, which the known answers pin.
 * RHT: R = diag(s) . H16 / 4 with H16 the 4-fold Kronecker power of [[1, 1], [1, -1]]
-  and s the sign list of SPEC 3 verbatim, applied in fp64 to inputs whose sums are exact.
+  and s the sign list of numerics.md 3 verbatim, applied in fp64 to inputs whose sums are exact.
 * Stochastic rounding: codes only at the two grid neighbours; unbiased over many seeds
   (inputs at fractions k/256 of a step, where 8-bit SR is exactly unbiased) within 5
   sigma; the same ``torch.manual_seed`` gives the same bits.
 * GEMMs: fp64 matmul of operands decoded here, per group, times alpha = A_a A_b / 2688^2,
   within bf16 rounding plus fp32 accumulation error.
-* Activation and its backward: SPEC 5 formulas in fp64 and ``torch.autograd``, within
+* Activation and its backward: numerics.md 5 formulas in fp64 and ``torch.autograd``, within
   bf16 rounding; dprob within the fp32 error bound of its pinned summation order.
 * The fused grouped-MLP ops equal, bit for bit, the chain of the ``nvfp4`` ops above
   (STYLE 17: the fused ops' contract; the steps' numbers are pinned by the oracles above).
@@ -48,16 +48,16 @@ import nvfp4_inductor
 from _assertions import assert_bytes_equal
 
 nvfp4 = torch.ops.nvfp4
-MASK = 0xD7E8  # SPEC 3's default sign mask
+MASK = 0xD7E8  # numerics.md 3's default sign mask
 E4M3 = torch.float8_e4m3fn
 
-# SPEC 1: E2M1 code -> value (codes 8..15 are the negatives; 8 is -0)
+# numerics.md 1: E2M1 code -> value (codes 8..15 are the negatives; 8 is -0)
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_TABLE = torch.tensor(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=torch.float64)
 GRID = torch.tensor(E2M1_GRID, dtype=torch.float64)
 # every finite non-negative E4M3 value, decoded by torch's own float8 cast (0x7F is NaN)
 E4M3_VALUES = torch.arange(0x7F, dtype=torch.uint8).view(E4M3).float().double()
-# SPEC 3, verbatim: the sign vector of mask 0xD7E8
+# numerics.md 3, verbatim: the sign vector of mask 0xD7E8
 SPEC_SIGNS = (+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1)
 
 
@@ -96,7 +96,7 @@ def _assert_close(actual, expected, tol, label):
 
 
 def _codes(data: torch.Tensor) -> torch.Tensor:
-    """(..., N/2) packed bytes -> (..., N) codes, the even index in the low nibble (SPEC 1)."""
+    """(..., N/2) packed bytes -> (..., N) codes, the even index in the low nibble (numerics.md 1)."""
     return torch.stack((data & 0xF, data >> 4), dim=-1).reshape(*data.shape[:-1], 2 * data.shape[-1])
 
 
@@ -106,7 +106,7 @@ def _block_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _rht_matrix(sign_mask: int) -> torch.Tensor:
-    """R = diag(s) . H16 / 4 (fp64); a run v of 16 becomes v @ R (SPEC 3)."""
+    """R = diag(s) . H16 / 4 (fp64); a run v of 16 becomes v @ R (numerics.md 3)."""
     h = torch.ones(1, 1, dtype=torch.float64)
     for _ in range(4):
         h = torch.kron(h, torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64))
@@ -139,7 +139,7 @@ def _block_factor(x, scale, amax, block_2d):
 
 def _assert_round_to_nearest(x, data, scale, amax, label, *, block_2d=False, stochastic=False):
     """The copy (data, scale) of the rows of x with global amax `amax` (a float, or one per
-    row) is round-to-nearest at both levels (SPEC 2) -- or, with `stochastic`, each code is
+    row) is round-to-nearest at both levels (numerics.md 2) -- or, with `stochastic`, each code is
     one of the two grid neighbours. Relative slack 1e-6 covers the fp32 rounding of the
     chain (a few ulps), so only exact-or-near ties may go either way."""
     x = x.double()
@@ -176,7 +176,7 @@ def _amax(t: torch.Tensor) -> torch.Tensor:
 
 
 def _padded_offsets(sizes) -> list[int]:
-    """SPEC 4: group g's column-wise copy starts at the sum of the earlier sizes rounded up to 16."""
+    """numerics.md 4: group g's column-wise copy starts at the sum of the earlier sizes rounded up to 16."""
     out = [0]
     for m in sizes:
         out.append(out[-1] + -(-m // 16) * 16)
@@ -195,7 +195,7 @@ def _group_rows(x: torch.Tensor, sizes, g: int) -> torch.Tensor:
 # amax A = 5.25 = 2688 / 512, so S_enc = 512 and S_dec = 2**-9 exactly, and the per-block
 # multiplier m = 512 * fp32(1/6) = 85.3333359 (a power-of-two multiple: exact).
 KAT_ROW = (
-    # 0: the amax block. s = 5.25 * m = 448.0000134 -> fp32 448.0 -> E4M3 448 (0x7E, SPEC 2.5);
+    # 0: the amax block. s = 5.25 * m = 448.0000134 -> fp32 448.0 -> E4M3 448 (0x7E, numerics.md 2.5);
     #    enc = 1 / (448 * 2**-9) = 1.1428572; 5.25 * enc = 6.0000002 -> clamp 6 -> code 7.
     [5.25] + [0.0] * 15,
     # 1: grid ties. block amax 3: s = 3 * m = 256.00001 -> fp32 256.0 -> E4M3 256 (0x78);
@@ -203,10 +203,10 @@ KAT_ROW = (
     #    v = 6, -6, .25->0, .75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4, -.25->-0 (code 8),
     #    -.75->-1, -3.5->-4, .5, 2, -0.0 (exact -0 is coded 0), .125->0
     [3, -3, 0.125, 0.375, 0.625, 0.875, 1.25, 1.75, 2.5, -0.125, -0.375, -1.75, 0.25, 1.0, -0.0, 0.0625],
-    # 2: all zero: scale 0, codes 0 (SPEC 2.5)
+    # 2: all zero: scale 0, codes 0 (numerics.md 2.5)
     [0.0] * 16,
     # 3: underflow: s = 2**-20 * m = 8.1e-5 <= 2**-10 -> E4M3 0; enc = min(1 / 0, FLT_MAX) = FLT_MAX,
-    #    so the non-zero elements saturate to +-6 (codes 7, 15) and 0 stays 0 (SPEC 2.5)
+    #    so the non-zero elements saturate to +-6 (codes 7, 15) and 0 stays 0 (numerics.md 2.5)
     [2.0**-20, -(2.0**-20)] + [0.0] * 14,
     # 4: subnormal scale: s = 2**-14 * m = 2.667 * 2**-9 -> E4M3 3 * 2**-9 (0x03);
     #    enc = 1 / (3 * 2**-18) = 87381.336: v = 5.333 -> 6, 2.667 -> 3, 1.333 -> 1.5,
@@ -228,7 +228,7 @@ KAT_SCALES = (0x7E, 0x78, 0x00, 0x00, 0x03, 0x01)
 
 
 def _packed(codes) -> torch.Tensor:
-    """Codes (rows of N) -> bytes (rows of N/2), code[2i] | code[2i+1] << 4 (SPEC 1), written out."""
+    """Codes (rows of N) -> bytes (rows of N/2), code[2i] | code[2i+1] << 4 (numerics.md 1), written out."""
     return torch.tensor([[row[i] | row[i + 1] << 4 for i in range(0, len(row), 2)] for row in codes],
                         dtype=torch.uint8)
 
@@ -521,7 +521,7 @@ def _group_inputs(case: GCase, seed: int):
 
 
 def _group_columnwise_input(x, sizes, g, rht, sign_mask):
-    """Group g's rows zero-padded to a multiple of 16, transposed, RHT'd here (SPEC 4)."""
+    """Group g's rows zero-padded to a multiple of 16, transposed, RHT'd here (numerics.md 4)."""
     rows = _group_rows(x, sizes, g)
     padded = torch.cat((rows, rows.new_zeros(-(-sizes[g] // 16) * 16 - sizes[g], rows.shape[1])))
     return _columnwise_input(padded, rht, sign_mask)
@@ -530,7 +530,7 @@ def _group_columnwise_input(x, sizes, g, rht, sign_mask):
 @pytest.mark.parametrize("case", GROUP_CASES, ids=str)
 def test_group_quantize(case: GCase):
     """Per group: its own amax (0 when empty), row-wise rounding of its rows, and its
-    column-wise copy at SPEC 4's padded offset, rounded from its own zero-padded (RHT'd)
+    column-wise copy at numerics.md 4's padded offset, rounded from its own zero-padded (RHT'd)
     transpose. Absent copies are empty."""
     x, gs, ra, ca = _group_inputs(case, 5)
     sizes = case.sizes
@@ -632,7 +632,7 @@ def test_grouped_gemm_wgrad(sizes):
 
 
 # ---------------------------------------------------------------------------------------
-# Activation and its backward: SPEC 5 in fp64
+# Activation and its backward: numerics.md 5 in fp64
 
 ACTS = [("srelu", None), ("tanh_srelu", 3.0), ("swiglu", None)]
 ACT_IDS = [a for a, _ in ACTS]
@@ -690,7 +690,7 @@ def test_activation(activation, clamp, with_probs):
 @pytest.mark.parametrize("activation,clamp", ACTS, ids=ACT_IDS)
 def test_activation_backward(activation, clamp, with_probs, regenerate):
     """dC and dprobs against fp64 autograd; the regenerated D is the forward op's D, byte for
-    byte (SPEC 6: the backward recompute); absent outputs empty."""
+    byte (numerics.md 6: the backward recompute); absent outputs empty."""
     c, g, probs = _act_inputs(12, activation, with_probs)
     dc, dp, d = nvfp4.activation_backward(g, c, probs, activation, clamp, regenerate)
     _, dc_ref, dp_ref, magnitude = _act_reference(c, g, probs, activation, clamp)
@@ -909,7 +909,7 @@ def _mlp_inputs(case: MCase, seed: int):
 
 
 def _chain_forward(case: MCase, x, w1, w2, gs, probs):
-    """SPEC 5 forward as the chain of eager ops: (Y, C, xq, W1q, W2q, Dq)."""
+    """numerics.md 5 forward as the chain of eager ops: (Y, C, xq, W1q, W2q, Dq)."""
     xq = nvfp4.group_quantize(x, gs, True, True, case.rht, MASK, False, None, None)
     w1q = nvfp4.quantize_weights(w1, case.block_2d)
     w2q = nvfp4.quantize_weights(w2, case.block_2d)
@@ -921,7 +921,7 @@ def _chain_forward(case: MCase, x, w1, w2, gs, probs):
 
 
 def _chain_backward(case: MCase, dy, c, probs, gs, xq, w1q, w2q, dq):
-    """SPEC 5 backward as the chain of eager ops, SR off: (dX, dW1, dW2, dprobs)."""
+    """numerics.md 5 backward as the chain of eager ops, SR off: (dX, dW1, dW2, dprobs)."""
     def quantize_grad(t):
         return nvfp4.group_quantize(t, gs, True, True, case.rht, MASK, False, None, None)
 
@@ -973,7 +973,7 @@ def test_grouped_mlp_fwd(case: MCase, recompute: bool):
 @pytest.mark.parametrize("case", MLP_CASES, ids=str)
 def test_grouped_mlp_backward(case: MCase):
     """Gradients of grouped_mlp_fwd through its registered backward (SR off), with and
-    without recompute: both equal the chain of eager ops (SPEC 6: recompute changes no bit)."""
+    without recompute: both equal the chain of eager ops (numerics.md 6: recompute changes no bit)."""
     x, w1, w2, gs, probs, dy = _mlp_inputs(case, 15)
     _, c, xq, w1q, w2q, dq = _chain_forward(case, x, w1, w2, gs, probs)
     expected = _chain_backward(case, dy, c, probs, gs, xq, w1q, w2q, dq)

@@ -6,7 +6,7 @@ is interchangeable with the pair's forward output. They call the same lowering s
 the eager ops, so equality is by construction. What the forward returns beyond Y is
 exactly what AOTAutograd saves for the backward (``saved.SavedForBackward``):
 
-    saved, recompute=True (default; SPEC 6)     saved, recompute=False
+    saved, recompute=True (default; numerics.md 6)     saved, recompute=False
     C (T, F1) bf16                              C
     x's column-wise RHT copy + amax + offsets   x's column-wise RHT copy + amax + offsets
     W1, W2 column-wise copies + amaxes          W1, W2 column-wise copies + amaxes

@@ -12,7 +12,7 @@ from ..recipe import Recipe
 class BackendOptions:
     """recipe: how every tensor is quantized (``Recipe``).
     recompute: the backward regenerates the fc2 input from the saved pre-activation and
-        casts it with the forward's saved amax (SPEC 6); False saves its column-wise copy.
+        casts it with the forward's saved amax (numerics.md 6); False saves its column-wise copy.
         Bitwise-identical results either way.
     compiler: what compiles the rewritten graph. "inductor" (default) is the product;
         "aot_eager" runs the same rewrite, AOTAutograd and min-cut partition without

@@ -1,4 +1,4 @@
-"""Triton kernels for NVFP4 quantization (SPEC 1-4), bit-exact twins of numerics.py.
+"""Triton kernels for NVFP4 quantization (numerics.md 1-4), bit-exact twins of numerics.py.
 
     quantize, group_quantize, quantize_weights, group_hadamard_amax   (see api.py)
     available(device) -> bool

@@ -1,4 +1,4 @@
-"""Triton device functions shared by the quantize kernels: the SPEC 2 scale chain, the
+"""Triton device functions shared by the quantize kernels: the numerics.md 2 scale chain, the
 E4M3 / E2M1 encoders, the pinned-order RHT and Philox random bytes.
 
 Every function repeats the fp32 operations of ``nvfp4_inductor/formats.py`` and
@@ -40,7 +40,7 @@ def bf16_round(x):
 @triton.jit
 def global_scales(amax):
     """(S_enc, S_dec) of an fp32 amax: S_enc = min(2688 / A, FLT_MAX), 1 where A == 0;
-    S_dec = 1 / S_enc (SPEC 2.1): both one IEEE division, as numerics.global_encode_scale
+    S_dec = 1 / S_enc (numerics.md 2.1): both one IEEE division, as numerics.global_encode_scale
     (a tensor over a tensor there; a Python number over a tensor would be
     reciprocal * 2688, rounded twice)."""
     one = tl.zeros_like(amax) + 1.0
@@ -76,7 +76,7 @@ def e4m3_decode(code):
 
 @triton.jit
 def block_scale(block_amax, s_enc, s_dec):
-    """E4M3 scale code (int32) and fp32 encode multiplier of blocks (SPEC 2.2-2.3):
+    """E4M3 scale code (int32) and fp32 encode multiplier of blocks (numerics.md 2.2-2.3):
     s = e4m3(min(block_amax * (S_enc * fp32(1/6)), FLT_MAX));
     enc = min(1 / (float(s) * S_dec), FLT_MAX) -- divide by the product, not S_enc / s."""
     s = tl.minimum(block_amax * (s_enc * _INV_FP4_MAX), _FLT_MAX)

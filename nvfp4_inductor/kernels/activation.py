@@ -3,7 +3,7 @@ three activation modules: ``activations.py`` holds the registry and the referenc
 ``compiler/match_activation.py`` the FX spellings.
 
 Twins of ``activations.activation_forward`` / ``activations.activation_backward`` (same
-arguments, same return types), operation for operation in fp32 (SPEC 5). The kernels
+arguments, same return types), operation for operation in fp32 (numerics.md 5). The kernels
 branch on the constexpr ACT, an entry's ``triton_code``; an activation registered
 without one has no kernel here (``_act_code`` raises NotImplementedError).
 

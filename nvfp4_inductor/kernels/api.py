@@ -10,7 +10,7 @@ Each call is at most two launches: ``nvfp4_kernels::group_amax`` (only for amaxe
 supplied) and ``nvfp4_kernels::group_cast``. Nothing reads group sizes on the host.
 Differences from the references, on purpose:
 * ``quantize(..., block_2d=True, columnwise=True, rht=True)`` raises NotImplementedError:
-  SPEC 3 says weights (the 2D-quantized tensors) are never transformed.
+  numerics.md 3 says weights (the 2D-quantized tensors) are never transformed.
 * ``group_quantize`` ignores ``block_2d`` exactly as the reference does (groups of tokens
   are never 2D-quantized; ``nvfp4_inductor.validate`` rejects it).
 * Group sizes must sum to T (the references assume it too).
@@ -111,7 +111,7 @@ def quantize(
     if x.shape[0] % 16:
         raise ValueError(f"quantize: M must be a multiple of 16, got shape {tuple(x.shape)}")
     if block_2d and columnwise and rht:
-        raise NotImplementedError("quantize: block_2d with a column-wise RHT copy (SPEC 3: weights are never transformed)")
+        raise NotImplementedError("quantize: block_2d with a column-wise RHT copy (numerics.md 3: weights are never transformed)")
     m = x.shape[0]
     sizes = torch.full((1,), m, dtype=torch.int64, device=x.device)  # one group of M tokens, no padding
     row_amax, col_amax = _amaxes(x, sizes, m, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax)

@@ -6,7 +6,7 @@
 Kernel ``_dequantize_kernel``; launcher ``dequantize_bf16``; op ``nvfp4_kernels::dequantize_bf16``.
 Reference twin: ``formats.block_values(data, scale).to(torch.bfloat16)`` -- bit for bit:
 deq() has at most 6 significant bits and lies in [2**-10, 2688], so it is exact in bf16
-and no rounding happens anywhere (SPEC 7).
+and no rounding happens anywhere (numerics.md 7).
 
 Arithmetic: integer bit placement, no fp8 casts (PITFALLS):
 * a code c (4 bits) placed as ``(c & 7) << 9 | (c & 8) << 12`` is the fp16 bit pattern of
