@@ -32,8 +32,8 @@ Runs (``--runs``, any subset):
         [--experts E] [--runs bf16 nvfp4 ...] [--device cuda] [--out benchmarks/results/convergence]
     PYTHONPATH=. python benchmarks/convergence.py --from-json a.json b.json --out ...   # merge, table, plot
 
-Output: a table (final train and validation loss, validation gap relative to bf16,
-tokens/s of the training steps after the first), ``<out>.json`` with the curves, and
+Output: a table (train loss as the mean of the last 20 steps, final validation loss, its
+gap relative to bf16, tokens/s of the training steps after the first), ``<out>.json`` with the curves, and
 ``<out>.png`` when matplotlib is importable (``pip install matplotlib``).
 """
 
@@ -355,7 +355,7 @@ def table(results):
         bits = {True: "yes", False: "NO"}.get(r.get("bitwise_equal_to_nvfp4"), "")
         rows.append([r["run"], r["label"], f"{r['final_train']:.4f}", f"{r['final_val']:.4f}", gap,
                      f"{r['tokens_per_s']:,.0f}", bits])
-    return format_table(["run", "what", "final train", "final val", "val vs bf16", "tokens/s",
+    return format_table(["run", "what", "train (last 20 steps)", "final val", "val vs bf16", "tokens/s",
                          "bitwise == nvfp4"], rows)
 
 
