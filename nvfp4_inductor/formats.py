@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .constants import (
+    BLOCK,
     E2M1_SIGN_BIT,
     E2M1_VALUES,
     E4M3_MAX,
@@ -117,7 +118,7 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tenso
     block_factor = (e4m3_decode(scale) * amax) * INV_FP4_E4M3_MAX
     values = e2m1_decode(unpack_fp4(data))
     rows, cols = values.shape
-    return (values.view(rows, cols // 16, 16) * block_factor.unsqueeze(-1)).view(rows, cols)
+    return (values.view(rows, cols // BLOCK, BLOCK) * block_factor.unsqueeze(-1)).view(rows, cols)
 
 
 def block_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -128,4 +129,4 @@ def block_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """
     values = e2m1_decode(unpack_fp4(data))
     rows, cols = values.shape
-    return (values.view(rows, cols // 16, 16) * e4m3_decode(scale).unsqueeze(-1)).view(rows, cols)
+    return (values.view(rows, cols // BLOCK, BLOCK) * e4m3_decode(scale).unsqueeze(-1)).view(rows, cols)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from .constants import BLOCK
 from .formats import dequantize_blocks
 
 
@@ -85,7 +86,7 @@ class NVFP4GroupedTensor:
             raise ValueError("columnwise_chunks: this tensor was quantized without the column-wise copy")
         offsets = self.columnwise_offsets.tolist()
         return [
-            (self.columnwise_data[:, lo // 2 : hi // 2], self.columnwise_scale[:, lo // 16 : hi // 16])
+            (self.columnwise_data[:, lo // 2 : hi // 2], self.columnwise_scale[:, lo // BLOCK : hi // BLOCK])
             for lo, hi in zip(offsets[:-1], offsets[1:])
         ]
 
