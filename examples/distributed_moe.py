@@ -57,20 +57,21 @@ class MoEBlock(nn.Module):
 
 
 class ExpertParallelMoE(nn.Module):
-    """G experts split over the ranks. Each rank sorts its rows by expert, exchanges the
-    per-expert counts, sends each row to the rank owning its expert, runs its local experts
-    on the rows ordered by (local expert, source rank) and sends the results back."""
+    """`experts` experts split over the ranks. Each rank sorts its rows by expert, exchanges
+    the per-expert counts, sends each row to the rank owning its expert, runs its local
+    experts on the rows ordered by (local expert, source rank) and sends the results back."""
 
-    def __init__(self, recipe, device):
+    def __init__(self, experts: int, hidden: int, ffn: int, recipe, device=None):
         super().__init__()
         self.world = dist.get_world_size()
-        self.local = G // self.world
-        self.experts = nv.GroupedMLP(self.local, H, F, recipe=recipe, device=device)
+        self.total, self.local = experts, experts // self.world
+        self.experts = nv.GroupedMLP(self.local, hidden, ffn, recipe=recipe, device=device)
 
     def forward(self, x, expert_ids, probs):
         group, world, local = dist.group.WORLD, self.world, self.local
         order = torch.argsort(expert_ids, stable=True)
-        counts = torch.histc(expert_ids.float(), bins=G, min=0, max=G - 1).to(torch.int64)
+        # histc, not bincount: its output size is static, so the graph holds no host sync
+        counts = torch.histc(expert_ids.float(), bins=self.total, min=0, max=self.total - 1).to(torch.int64)
         received = funcol.all_to_all_single(counts, None, None, group)  # per source rank, per local expert
         send = counts.view(world, local).sum(1).tolist()  # unbacked sizes under capture_scalar_outputs
         recv = received.view(world, local).sum(1).tolist()
@@ -122,7 +123,7 @@ def expert_parallel(device, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     single = nv.GroupedMLP(G, H, F, recipe=recipe, device=device)
-    layer = ExpertParallelMoE(recipe, device)
+    layer = ExpertParallelMoE(G, H, F, recipe, device)
     mine = slice(rank * layer.local, (rank + 1) * layer.local)
     with torch.no_grad():
         layer.experts.fc1_weight.copy_(single.fc1_weight[mine])

@@ -50,13 +50,16 @@ import traceback
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.numerics import draw_seed
 
 from _assertions import assert_bytes_equal
+
+# The expert-parallel layer users are shown (examples/distributed_moe.py) is the one tested.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from distributed_moe import ExpertParallelMoE  # noqa: E402
 
 G, H, F, T = 4, 32, 32, 48  # experts, hidden, ffn, tokens per rank
 BF16 = torch.bfloat16
@@ -257,38 +260,10 @@ def fsdp2_inductor(ctx):
 # ----------------------------------------------------------------------------- expert parallel
 
 
-class ExpertParallelMoE(nn.Module):
-    """G experts split over the ranks, G/W each (as torchtitan does): rows sorted by expert,
-    per-expert counts exchanged and rows dispatched with all_to_all_single (functional
-    collectives, so the whole layer is one graph), the local experts on rows ordered by
-    (local expert, source rank), the results sent back and unsorted."""
-
-    def __init__(self, world: int, recipe, device=None):
-        super().__init__()
-        self.world, self.local = world, G // world
-        self.experts = nv.GroupedMLP(self.local, H, F, recipe=recipe, device=device)
-
-    def forward(self, x, expert_ids, probs):
-        group, world, local = dist.group.WORLD, self.world, self.local
-        order = torch.argsort(expert_ids, stable=True)
-        counts = torch.histc(expert_ids.float(), bins=G, min=0, max=G - 1).to(torch.int64)
-        received = funcol.all_to_all_single(counts, None, None, group)  # (W * G/W,): per source, local expert
-        send = counts.view(world, local).sum(1).tolist()
-        recv = received.view(world, local).sum(1).tolist()
-        rows = funcol.all_to_all_single_autograd(x[order], recv, send, group)
-        p = funcol.all_to_all_single_autograd(probs[order], recv, send, group)
-        expert_of_row = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(world), received,
-                                                output_size=rows.shape[0])
-        by_expert = torch.argsort(expert_of_row, stable=True)
-        y = self.experts(rows[by_expert], received.view(world, local).sum(0), p[by_expert])
-        y = funcol.all_to_all_single_autograd(y[torch.argsort(by_expert)], send, recv, group)
-        return y[torch.argsort(order)]
-
-
 def _ep(ctx: Context, *, compiled: bool) -> str:
     torch.manual_seed(0)
     full = nv.GroupedMLP(G, H, F, recipe=RNE, device=ctx.device)
-    layer = ExpertParallelMoE(ctx.world, RNE, ctx.device)
+    layer = ExpertParallelMoE(G, H, F, RNE, ctx.device)
     mine = slice(ctx.rank * layer.local, (ctx.rank + 1) * layer.local)
     with torch.no_grad():
         layer.experts.fc1_weight.copy_(full.fc1_weight[mine])
