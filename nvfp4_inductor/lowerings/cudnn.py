@@ -173,8 +173,101 @@ def describe(plan, site, recipe) -> str:
     return f"{fc1}; {dgrad}; fc2 fprop and fc1 dgrad: {GEMM}"
 
 
+# ---------------------------------------------------------------------------------------
+# The step table over a frontend (the ``cudnn`` package, or ``cudnn_sim``)
+
+
+def make_steps(fe, base):
+    """The cudnn step table: `base`'s quantizers, wgrad and unfused activations; the
+    grouped GEMM (fc2 fprop, fc1 dgrad) through ``grouped_gemm_quant_wrapper_sm100``; the
+    fused SReLU / tanh-SReLU fc1 (srelu wrapper, or the Hadamard wrapper when the plan
+    takes its amax) and fc2 dgrad (dsrelu wrapper) kernels; `fe` supplies the wrappers.
+    SwiGLU's fused GLU / dGLU wrappers are not wired yet (it runs unfused)."""
+    import dataclasses
+
+    from . import cudnn_layout as lay
+
+    def layout(group_sizes, tokens):
+        rows = lay.padded_rows(group_sizes, tokens)
+        capacity = lay.padded_capacity(tokens, group_sizes.numel())
+        return rows, capacity, lay.padded_offsets(group_sizes, tokens)
+
+    def operands(a_data, a_scale, b_data, b_scale, rows, capacity):
+        a, sfa = lay.activation_operand(a_data, a_scale, rows, capacity)
+        b, sfb = lay.weight_operand(b_data, b_scale)
+        return dict(a_tensor=a.unsqueeze(-1), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
+                    sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16, m_aligned=M_ALIGNED,
+                    acc_dtype=torch.float32)
+
+    def grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes):
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        out = getattr(fe, GEMM)(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
+                                d_dtype=torch.bfloat16, generate_amax=False,
+                                **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+        return lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
+
+    def clamp_kwargs(activation, tanh_clamp_scale):
+        return {TANH_CLAMP_ARG: tanh_clamp_scale} if activation == "tanh_srelu" else {}
+
+    def fc1_act_amax(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation,
+                     tanh_clamp_scale, sign_mask, *, want_amax=True):
+        if activation not in ("srelu", "tanh_srelu"):
+            raise NotImplementedError(f"cudnn: no fused fc1 step for {activation} yet")
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        args = dict(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
+                    prob_tensor=lay.prob_view(probs, rows, capacity), c_dtype=torch.bfloat16,
+                    d_dtype=torch.bfloat16, **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+        if want_amax:
+            out = getattr(fe, FC1_HADAMARD)(act_func="srelu", **args, **clamp_kwargs(activation, tanh_clamp_scale))
+            pre, post = out["amax_tensor"].view(-1), out["post_rht_amax_tensor"].view(-1)
+        else:
+            out = getattr(fe, FC1_SRELU)(**args, **clamp_kwargs(activation, tanh_clamp_scale))
+            pre = post = None
+        c = lay.unpad_rows(out["c_tensor"][:, :, 0], rows)
+        d = lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
+        return c, d, pre, post
+
+    def fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation,
+                      tanh_clamp_scale, *, regenerate=False):
+        if activation not in ("srelu", "tanh_srelu"):
+            raise NotImplementedError(f"cudnn: no fused fc2 dgrad step for {activation} yet")
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        out = getattr(fe, DGRAD_SRELU)(
+            c_tensor=lay.pad_rows(c, rows, capacity).unsqueeze(-1), padded_offsets=offsets,
+            alpha_tensor=lay.alpha(a_amax, b_amax), prob_tensor=lay.prob_view(probs, rows, capacity),
+            dprob_tensor=torch.zeros(capacity, 1, 1, dtype=torch.float32, device=c.device),
+            d_dtype=torch.bfloat16, use_dsrelu_reuse=regenerate, deterministic=True,
+            **operands(a_data, a_scale, b_data, b_scale, rows, capacity),
+            **clamp_kwargs(activation, tanh_clamp_scale))
+        dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
+        dp = lay.unpad_rows(out["dprob_tensor"].view(-1), rows) if probs is not None else None
+        d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None
+        return dc, dp, d
+
+    return dataclasses.replace(base, grouped_gemm=grouped_gemm, fc1_act_amax=fc1_act_amax,
+                               fc2_dgrad_act=fc2_dgrad_act)
+
+
+# What the wired step table fuses: SReLU and tanh-SReLU (SwiGLU's GLU / dGLU wrappers not yet).
+WIRED = frozenset({"srelu", "tanh_srelu"})
+
+
 def _steps():
     raise NotImplementedError("the cudnn target's step table is not wired yet (issue 16); its probe refuses")
+
+
+def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
+    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities 1.32's
+    signatures give restricted to what is wired: for tests (register it with
+    ``lowerings.registered``). `base`: the step table it borrows quantizers and wgrad from
+    (default: the reference's); `fused` False: no fused kernels (every step unfused)."""
+    from . import cudnn_sim
+    from .reference import STEPS as REFERENCE_STEPS
+
+    steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
+    caps = Capabilities(fused_activations=WIRED if fused else frozenset(), fused_amax=True, fused_amax_activations=frozenset({"srelu"}),
+                        fused_amax_takes_sign_mask=False, dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT)
+    return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
 
 
 # SM10x/SM11x (tcgen05, 2-CTA MMA). SM12x passes the wrappers' own gate (>= 10.0) but the
