@@ -1,9 +1,12 @@
 """The cuDNN frontend target: native NVFP4 on Blackwell (SM100+) through
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
-Status (issue 16): the selection half is here and tested on CPU; the step table is not
-wired yet, so the probe refuses with a reason on every machine and the policy passes the
-target over (``STEP_TABLE_READY``). What is here:
+Status (issue 16): nothing here has run on a Blackwell GPU. The step table is wired for
+the plain grouped GEMM and the fused SReLU / tanh-SReLU kernels and runs in CI over the
+CPU simulator (``cudnn_sim``); SwiGLU's GLU / dGLU wrappers and the wgrad wrapper are not
+wired (SwiGLU runs unfused; wgrad runs the Triton kernels). Until a run on SM100 has
+checked it, the probe refuses (``STEP_TABLE_READY``) and the policy passes the target over;
+``check_target`` registers it explicitly. What is here:
 
 * where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
   wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
@@ -24,6 +27,7 @@ GLU interleave, per-expert alpha) are pure adapters in ``lowerings/cudnn_layout.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -136,13 +140,22 @@ def installed_capabilities() -> Union[Capabilities, str]:
     return capabilities_from_signatures(read_signatures(module))
 
 
+def wired(caps: Capabilities, fused: bool = True) -> Capabilities:
+    """`caps` restricted to what ``make_steps`` wires (no fused kernels when not `fused`)."""
+    acts = caps.fused_activations & WIRED if fused else frozenset()
+    amax = caps.fused_amax_activations
+    return dataclasses.replace(caps, fused_activations=acts,
+                               fused_amax_activations=None if amax is None else amax & acts)
+
+
 def probe(device: torch.device) -> Union[Capabilities, str]:
     caps = installed_capabilities()
     if isinstance(caps, str):
         return caps
     if not STEP_TABLE_READY:
-        return "cudnn: the step table is not wired to the frontend's wrappers yet (issue 16)"
-    return caps
+        return ("cudnn: not selected by default until it has run on an SM100 GPU "
+                "(benchmarks/blackwell_check.py registers it explicitly)")
+    return wired(caps)
 
 
 def fc1_wrapper(activation: str, fused_amax: bool) -> str:
@@ -253,7 +266,22 @@ WIRED = frozenset({"srelu", "tanh_srelu"})
 
 
 def _steps():
-    raise NotImplementedError("the cudnn target's step table is not wired yet (issue 16); its probe refuses")
+    """The real step table: the frontend's wrappers; quantizers, wgrad and the unfused
+    activations from the Triton target (bit-exact twins of the reference)."""
+    from .triton import STEPS as TRITON_STEPS
+
+    return make_steps(importlib.import_module("cudnn"), TRITON_STEPS)
+
+
+def check_target(name: str = "cudnn_check", fused: bool = True) -> Target:
+    """The real cudnn target with its probe ungated, for an explicit registration (the
+    Blackwell check): the installed frontend's capabilities, restricted to what is wired."""
+
+    def probe_now(device):
+        caps = installed_capabilities()
+        return caps if isinstance(caps, str) else wired(caps, fused)
+
+    return dataclasses.replace(CUDNN, name=name, probe=probe_now)
 
 
 def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
@@ -265,8 +293,8 @@ def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> 
     from .reference import STEPS as REFERENCE_STEPS
 
     steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
-    caps = Capabilities(fused_activations=WIRED if fused else frozenset(), fused_amax=True, fused_amax_activations=frozenset({"srelu"}),
-                        fused_amax_takes_sign_mask=False, dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT)
+    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True, fused_amax_activations=frozenset({"srelu"}),
+                              dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT), fused)
     return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
 
 
