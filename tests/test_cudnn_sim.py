@@ -163,3 +163,45 @@ def test_fused_amax_through_the_hadamard_wrapper_with_mask_zero():
         y = torch.compile(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager"))(*args)
         y.sum().backward()
         assert torch.isfinite(y).all()
+
+
+class Recording:
+    """A frontend that records the keyword arguments each wrapper is called with and runs
+    the simulator."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        fn = getattr(cudnn_sim, name)
+
+        def call(*args, **kwargs):
+            assert not args, f"{name} is called with keywords only"
+            self.calls.append((name, kwargs))
+            return fn(**kwargs)
+
+        return call
+
+
+def test_argument_sets_bind_to_the_wrappers_signatures():
+    """Every argument set the step table passes binds to 1.32's signatures (recorded), and
+    to the installed frontend's when it is importable."""
+    from test_cudnn_target import FE_1_32
+
+    fe = Recording()
+    steps = cd.make_steps(fe, R)
+    args, p = _operands()
+    steps.grouped_gemm(*args)
+    steps.fc1_act_amax(*args, p, "srelu", None, 0, want_amax=True)
+    steps.fc1_act_amax(*args, p, "tanh_srelu", 3.0, 0xD7E8, want_amax=False)
+    c = torch.randn(args[0].shape[0], 128, dtype=torch.bfloat16)
+    dargs, _ = _operands(n=128)
+    steps.fc2_dgrad_act(*dargs, c, p, "tanh_srelu", 3.0, regenerate=True)
+    assert {name for name, _ in fe.calls} == set(SIMULATED)
+    installed = None
+    if importlib.util.find_spec("cudnn") is not None:
+        import cudnn as installed
+    for name, kwargs in fe.calls:
+        FE_1_32[name].bind(**kwargs)
+        if installed is not None:
+            inspect.signature(getattr(installed, name)).bind(**kwargs)
