@@ -15,7 +15,7 @@ import torch
 
 import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings
-from nvfp4_inductor.lowerings import SiteSpec, Target, choose_plan
+from nvfp4_inductor.lowerings import SiteSpec, choose_plan
 from nvfp4_inductor.lowerings import cudnn as cd
 from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE_STEPS
 

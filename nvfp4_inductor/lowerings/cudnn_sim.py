@@ -21,8 +21,8 @@ discrete weights. What the kernels compute that our contract (docs/numerics.md) 
    (one multiply by the reciprocal, s^2 folded into prob; the kernel's tanh is
    ``tanh.approx``, torch's tanh here);
 4. dsrelu: the upstream gradient ``alpha * acc`` is used in fp32 (our G is rounded to
-   bf16 first); ``dA = (((g * r') ) * 2) * prob`` in the kernel's order; dprob sums over
-   the row in the simulator's (torch's) order;
+   bf16 first); ``dA = ((g * r) * 2) * prob`` (r = relu(C)) in the kernel's order; dprob
+   sums over the row in the simulator's (torch's) order;
 5. the post-RHT amax uses the unsigned Hadamard on bf16 D, ``max |(D^T H16) * 0.25|``
    without a bf16 rounding of the transformed values;
 6. GEMM sums: the tensor core's order (here torch's fp32 matmul order).
