@@ -25,7 +25,9 @@ discrete weights. What the kernels compute that our contract (docs/numerics.md) 
    sums over the row in the simulator's (torch's) order;
 5. the post-RHT amax uses the unsigned Hadamard on bf16 D, ``max |(D^T H16) * 0.25|``
    without a bf16 rounding of the transformed values;
-6. GEMM sums: the tensor core's order (here torch's fp32 matmul order).
+6. GEMM sums: the tensor core's order (here torch's fp32 matmul order);
+7. hence with the fused kernels, recompute on != off: the dsrelu kernel regenerates D from
+   the bf16 C, the fused forward made it from the fp32 C.
 """
 
 from __future__ import annotations
