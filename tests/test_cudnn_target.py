@@ -218,12 +218,10 @@ def test_policy_alignment():
 
 def test_wired_capabilities_and_the_check_target():
     caps = cd.wired(cd.capabilities_from_signatures(FE_1_32))
-    assert caps.fused_activations == {"srelu", "tanh_srelu"}  # SwiGLU's GLU / dGLU not wired: unfused
-    assert caps.fused_amax_activations == {"srelu"}
+    assert caps.fused_activations == {"srelu", "tanh_srelu", "swiglu"}
+    assert caps.fused_amax_activations == {"srelu", "swiglu"}
     assert cd.wired(caps, fused=False).fused_activations == frozenset()
     check = cd.check_target()
     assert check.name == "cudnn_check" and check.min_capability == (10, 0) and check.describe is cd.describe
     if importlib.util.find_spec("cudnn") is None:
         assert "not installed" in check.probe(torch.device("cuda"))
-    p = _plan("1.32", "swiglu", 0)
-    assert p.fused_fc1  # the described (unwired) 1.32 target; the registered one refuses until SM100 has run it

@@ -2,9 +2,9 @@
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
 Status (issue 16): nothing here has run on a Blackwell GPU. The step table is wired for
-the plain grouped GEMM and the fused SReLU / tanh-SReLU kernels and runs in CI over the
-CPU simulator (``cudnn_sim``); SwiGLU's GLU / dGLU wrappers and the wgrad wrapper are not
-wired (SwiGLU runs unfused; wgrad runs the Triton kernels). Until a run on SM100 has
+the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
+over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
+Triton kernels). Until a run on SM100 has
 checked it, the probe refuses (``STEP_TABLE_READY``) and the policy passes the target over;
 ``check_target`` registers it explicitly. What is here:
 
@@ -193,9 +193,8 @@ def describe(plan, site, recipe) -> str:
 def make_steps(fe, base):
     """The cudnn step table: `base`'s quantizers, wgrad and unfused activations; the
     grouped GEMM (fc2 fprop, fc1 dgrad) through ``grouped_gemm_quant_wrapper_sm100``; the
-    fused SReLU / tanh-SReLU fc1 (srelu wrapper, or the Hadamard wrapper when the plan
-    takes its amax) and fc2 dgrad (dsrelu wrapper) kernels; `fe` supplies the wrappers.
-    SwiGLU's fused GLU / dGLU wrappers are not wired yet (it runs unfused)."""
+    fused fc1 (srelu / glu wrapper, or the Hadamard wrapper when the plan takes its amax)
+    and fc2 dgrad (dsrelu / dglu wrapper) kernels; `fe` supplies the wrappers."""
     import dataclasses
 
     from . import cudnn_layout as lay
@@ -205,9 +204,9 @@ def make_steps(fe, base):
         capacity = lay.padded_capacity(tokens, group_sizes.numel())
         return rows, capacity, lay.padded_offsets(group_sizes, tokens)
 
-    def operands(a_data, a_scale, b_data, b_scale, rows, capacity):
+    def operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu=False):
         a, sfa = lay.activation_operand(a_data, a_scale, rows, capacity)
-        b, sfb = lay.weight_operand(b_data, b_scale)
+        b, sfb = lay.weight_operand(b_data, b_scale, glu=glu)
         return dict(a_tensor=a.unsqueeze(-1), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
                     sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16, m_aligned=M_ALIGNED,
                     acc_dtype=torch.float32)
@@ -224,45 +223,59 @@ def make_steps(fe, base):
 
     def fc1_act_amax(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation,
                      tanh_clamp_scale, sign_mask, *, want_amax=True):
-        if activation not in ("srelu", "tanh_srelu"):
-            raise NotImplementedError(f"cudnn: no fused fc1 step for {activation} yet")
+        if activation not in WIRED:
+            raise NotImplementedError(f"cudnn: no fused fc1 step for {activation}")
+        glu = activation == "swiglu"
         rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
         args = dict(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
                     prob_tensor=lay.prob_view(probs, rows, capacity), c_dtype=torch.bfloat16,
-                    d_dtype=torch.bfloat16, **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+                    d_dtype=torch.bfloat16, **operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu))
         if want_amax:
-            out = getattr(fe, FC1_HADAMARD)(act_func="srelu", **args, **clamp_kwargs(activation, tanh_clamp_scale))
+            out = getattr(fe, FC1_HADAMARD)(act_func="swiglu" if glu else "srelu", **args,
+                                            **clamp_kwargs(activation, tanh_clamp_scale))
             pre, post = out["amax_tensor"].view(-1), out["post_rht_amax_tensor"].view(-1)
+        elif glu:
+            out = getattr(fe, FC1_GLU)(act_func="swiglu", generate_c=True, **args)
+            pre = post = None
         else:
             out = getattr(fe, FC1_SRELU)(**args, **clamp_kwargs(activation, tanh_clamp_scale))
             pre = post = None
         c = lay.unpad_rows(out["c_tensor"][:, :, 0], rows)
         d = lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
-        return c, d, pre, post
+        return (lay.deinterleave_glu(c, dim=-1) if glu else c), d, pre, post
 
     def fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation,
                       tanh_clamp_scale, *, regenerate=False):
-        if activation not in ("srelu", "tanh_srelu"):
-            raise NotImplementedError(f"cudnn: no fused fc2 dgrad step for {activation} yet")
+        if activation not in WIRED:
+            raise NotImplementedError(f"cudnn: no fused fc2 dgrad step for {activation}")
         rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
-        out = getattr(fe, DGRAD_SRELU)(
-            c_tensor=lay.pad_rows(c, rows, capacity).unsqueeze(-1), padded_offsets=offsets,
-            alpha_tensor=lay.alpha(a_amax, b_amax), prob_tensor=lay.prob_view(probs, rows, capacity),
-            dprob_tensor=torch.zeros(capacity, 1, 1, dtype=torch.float32, device=c.device),
-            d_dtype=torch.bfloat16, use_dsrelu_reuse=regenerate, deterministic=True,
-            **operands(a_data, a_scale, b_data, b_scale, rows, capacity),
-            **clamp_kwargs(activation, tanh_clamp_scale))
-        dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
+        common = dict(padded_offsets=offsets, prob_tensor=lay.prob_view(probs, rows, capacity),
+                      dprob_tensor=torch.zeros(capacity, 1, 1, dtype=torch.float32, device=c.device),
+                      d_dtype=torch.bfloat16, deterministic=True,
+                      **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+        if activation == "swiglu":
+            out = getattr(fe, DGRAD_GLU)(
+                c_tensor=lay.interleave_glu(lay.pad_rows(c, rows, capacity), dim=-1).unsqueeze(-1),
+                alpha_tensor=lay.dglu_alpha(a_amax, b_amax), act_func="dswiglu",
+                beta_tensor=torch.ones(group_sizes.numel(), dtype=torch.float32, device=c.device), **common)
+            dc = lay.deinterleave_glu(lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows), dim=-1)
+            # the dGLU kernel emits no D: regenerate it as the unfused step does, from the bf16 C
+            d = base.activation_forward(c, probs, activation) if regenerate else None
+        else:
+            out = getattr(fe, DGRAD_SRELU)(
+                c_tensor=lay.pad_rows(c, rows, capacity).unsqueeze(-1), alpha_tensor=lay.alpha(a_amax, b_amax),
+                use_dsrelu_reuse=regenerate, **common, **clamp_kwargs(activation, tanh_clamp_scale))
+            dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
+            d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None
         dp = lay.unpad_rows(out["dprob_tensor"].view(-1), rows) if probs is not None else None
-        d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None
         return dc, dp, d
 
     return dataclasses.replace(base, grouped_gemm=grouped_gemm, fc1_act_amax=fc1_act_amax,
                                fc2_dgrad_act=fc2_dgrad_act)
 
 
-# What the wired step table fuses: SReLU and tanh-SReLU (SwiGLU's GLU / dGLU wrappers not yet).
-WIRED = frozenset({"srelu", "tanh_srelu"})
+# What the wired step table fuses.
+WIRED = frozenset({"srelu", "tanh_srelu", "swiglu"})
 
 
 def _steps():
@@ -293,7 +306,8 @@ def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> 
     from .reference import STEPS as REFERENCE_STEPS
 
     steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
-    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True, fused_amax_activations=frozenset({"srelu"}),
+    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True,
+                              fused_amax_activations=frozenset({"srelu", "swiglu"}),
                               dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT), fused)
     return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
 

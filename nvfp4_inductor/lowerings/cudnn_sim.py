@@ -9,10 +9,14 @@ times alpha, then the epilogue). It is written from that statement, not from our
 it reads scale factors through the (32, 4, rm, 4, rk, L) kernel view directly.
 
 Simulated: ``grouped_gemm_quant_wrapper_sm100`` (bf16 D), ``grouped_gemm_srelu_wrapper_sm100``
-(with ``tanh_clamp_scale``), ``grouped_gemm_glu_hadamard_wrapper_sm100`` with
-``act_func='srelu'``, ``grouped_gemm_dsrelu_wrapper_sm100`` (with ``use_dsrelu_reuse`` and
-the clamp). Not simulated yet: the GLU / dGLU wrappers (SwiGLU), FP8/FP4 outputs, bias,
-discrete weights. What the kernels compute that our contract (docs/numerics.md) does not:
+(with ``tanh_clamp_scale``), ``grouped_gemm_glu_wrapper_sm100`` (swiglu),
+``grouped_gemm_glu_hadamard_wrapper_sm100`` (srelu, swiglu),
+``grouped_gemm_dsrelu_wrapper_sm100`` (with ``use_dsrelu_reuse`` and the clamp),
+``grouped_gemm_dglu_wrapper_sm100`` (dswiglu). Not simulated: other activations, FP8/FP4
+outputs, bias, discrete weights, the wgrad wrapper. The kernels' approximate
+transcendentals (``tanh.approx``, ``rcp.approx`` of ``1 + exp2``) are torch's exact ones here.
+
+What the kernels compute that our contract (docs/numerics.md) does not:
 
 1. the epilogue activation reads the fp32 ``alpha * acc``, not the bf16 C it stores;
 2. D's amax is of the fp32 activation values before D is rounded to bf16, and starts at
@@ -25,8 +29,11 @@ discrete weights. What the kernels compute that our contract (docs/numerics.md) 
    sums over the row in the simulator's (torch's) order;
 5. the post-RHT amax uses the unsigned Hadamard on bf16 D, ``max |(D^T H16) * 0.25|``
    without a bf16 rounding of the transformed values;
-6. GEMM sums: the tensor core's order (here torch's fp32 matmul order);
-7. hence with the fused kernels, recompute on != off: the dsrelu kernel regenerates D from
+6. dSwiGLU: alpha is applied as ``alpha * alpha`` on the accumulator (so the caller passes
+   sqrt(A_a A_b) / 2688), gradients in the kernel's order (docstring of
+   ``grouped_gemm_dglu_wrapper_sm100`` here);
+7. GEMM sums: the tensor core's order (here torch's fp32 matmul order);
+8. hence with the fused kernels, recompute on != off: the dsrelu kernel regenerates D from
    the bf16 C, the fused forward made it from the fp32 C.
 """
 
@@ -110,6 +117,30 @@ def _srelu(c32: torch.Tensor, prob: torch.Tensor, tanh_clamp_scale: Optional[flo
     return (t * t) * (p * s2)
 
 
+def _gate_up(c32: torch.Tensor):
+    """(M, 2N) with gate/up alternating in 32-column blocks (the frontend tests' gate_idx =
+    block_cols[0::2], up_idx = block_cols[1::2]) -> gate (M, N), up (M, N)."""
+    m, n2 = c32.shape
+    blocks = c32.reshape(m, n2 // 32, 32)
+    return blocks[:, 0::2].reshape(m, -1), blocks[:, 1::2].reshape(m, -1)
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    m, n = gate.shape
+    return torch.stack((gate.reshape(m, n // 32, 32), up.reshape(m, n // 32, 32)), dim=2).reshape(m, 2 * n)
+
+
+def _swiglu(c32: torch.Tensor, prob: torch.Tensor) -> torch.Tensor:
+    gate, up = _gate_up(c32)
+    return ((gate * torch.sigmoid(gate)) * up) * prob.view(-1, 1).float()
+
+
+def _per_row(values: torch.Tensor, padded_offsets, rows: int) -> torch.Tensor:
+    ends = padded_offsets.to(torch.int64)
+    expert = torch.searchsorted(ends, torch.arange(rows), right=True).clamp(max=len(ends) - 1)
+    return values.float()[expert].view(-1, 1)
+
+
 def _check(a_tensor, m_aligned, sf_vec_size):
     if m_aligned != 256:
         raise ValueError("m_aligned must be 256")
@@ -170,10 +201,10 @@ def grouped_gemm_glu_hadamard_wrapper_sm100(a_tensor, sfa_tensor, padded_offsets
     """As the srelu wrapper, plus post_rht_amax[e] = max |(D_bf16^T H16 over 16-token runs) * 0.25|
     (unsigned Hadamard, no sign mask); amaxes start at 0."""
     _check(a_tensor, m_aligned, sf_vec_size)
-    if act_func != "srelu":
-        raise NotImplementedError(f"the simulator runs act_func='srelu' only, not {act_func!r}")
+    if act_func not in ("srelu", "swiglu"):
+        raise NotImplementedError(f"the simulator runs act_func 'srelu' and 'swiglu', not {act_func!r}")
     c32 = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor)
-    d32 = _srelu(c32, prob_tensor, None)
+    d32 = _srelu(c32, prob_tensor, None) if act_func == "srelu" else _swiglu(c32, prob_tensor)
     d = d32.to(d_dtype or torch.bfloat16)
     post = torch.zeros(len(padded_offsets), 1)
     h = hadamard16()
@@ -218,3 +249,63 @@ def grouped_gemm_dsrelu_wrapper_sm100(a_tensor, b_tensor=None, c_tensor=None, sf
     return TupleDict(d_row_tensor=da.to(d_dtype or torch.bfloat16).unsqueeze(-1), d_col_tensor=None,
                      d_srelu_tensor=d_srelu, dprob_tensor=dprob, dbias_tensor=None, amax_tensor=None,
                      sfd_row_tensor=None, sfd_col_tensor=None)
+
+
+def grouped_gemm_glu_wrapper_sm100(a_tensor, sfa_tensor, padded_offsets, alpha_tensor, b_tensor=None, sfb_tensor=None,
+                                   bias_tensor=None, b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k',
+                                   norm_const_tensor=None, prob_tensor=None, acc_dtype=None, c_dtype=None,
+                                   d_dtype=None, cd_major='n', mma_tiler_mn=(256, 256), cluster_shape_mn=None,
+                                   sf_vec_size=16, vector_f32=False, m_aligned=256, discrete_col_sfd=False,
+                                   act_func='swiglu', linear_offset=None, geglu_alpha=1.702, glu_clamp_max=7.0,
+                                   glu_clamp_min=-7.0, situ_beta1=4.0, situ_beta2=25.0, use_dynamic_sched=False,
+                                   use_single_group_runtime_offsets=False, current_stream=None, generate_c=False,
+                                   sf_fp8_dtype_override=None, *, scheduler_counter_tensor=None):
+    """C = alpha * AB, gate/up interleaved in 32-column blocks (stored only with generate_c);
+    D = silu(gate) * up * prob from the fp32 C; amax of fp32 D (starts at -inf)."""
+    _check(a_tensor, m_aligned, sf_vec_size)
+    if act_func != "swiglu":
+        raise NotImplementedError(f"the simulator runs act_func='swiglu' only, not {act_func!r}")
+    c32 = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor)
+    prob = prob_tensor if prob_tensor is not None else torch.ones(c32.shape[0])
+    d32 = _swiglu(c32, prob)
+    c = c32.to(c_dtype or torch.bfloat16).unsqueeze(-1) if generate_c else None
+    return TupleDict(c_tensor=c, d_tensor=d32.to(d_dtype or torch.bfloat16).unsqueeze(-1), d_col_tensor=None,
+                     amax_tensor=_expert_amax(d32, padded_offsets, float("-inf")), sfd_row_tensor=None,
+                     sfd_col_tensor=None)
+
+
+def grouped_gemm_dglu_wrapper_sm100(a_tensor, c_tensor, sfa_tensor, padded_offsets, alpha_tensor, beta_tensor,
+                                    prob_tensor, dprob_tensor, b_tensor=None, sfb_tensor=None, generate_dbias=False,
+                                    b_ptrs=None, sfb_ptrs=None, n=None, b_dtype=None, b_major='k',
+                                    norm_const_tensor=None, acc_dtype=None, d_dtype=None, cd_major='n',
+                                    mma_tiler_mn=(256, 256), cluster_shape_mn=None, sf_vec_size=16,
+                                    sf_fp8_dtype_override=None, vector_f32=False, m_aligned=256,
+                                    discrete_col_sfd=False, act_func='dswiglu', linear_offset=None, geglu_alpha=1.702,
+                                    glu_clamp_max=7.0, glu_clamp_min=-7.0, situ_beta1=4.0, situ_beta2=25.0,
+                                    epilogue_op=None, use_dynamic_sched=False, use_single_group_runtime_offsets=False,
+                                    current_stream=None, round_dgrad_to_input_dtype=False, activation_tensor=None,
+                                    deterministic=False):
+    """dSwiGLU, the kernel's ``dswiglu`` epilogue: g = acc * fp32(alpha * alpha) (alpha applied
+    to both operand sides); a, u = beta * gate, beta * up of the saved C (interleaved);
+    sig = sigmoid(a) (the kernel: rcp.approx(1 + exp2(-a log2 e))), swish = a * sig;
+    dprob += sum_n (u * swish) * g; gp = g * prob; d_up = gp * swish;
+    d_gate = ((gp * u) * sig) * (a * (1 - sig) + 1); d_row interleaved like C."""
+    _check(a_tensor, m_aligned, sf_vec_size)
+    if act_func != "dswiglu":
+        raise NotImplementedError(f"the simulator runs act_func='dswiglu' only, not {act_func!r}")
+    square = alpha_tensor.float() * alpha_tensor.float()
+    g = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, square)
+    rows = g.shape[0]
+    beta = _per_row(beta_tensor, padded_offsets, rows)
+    gate, up = _gate_up(c_tensor.reshape(rows, -1).float())
+    a, u = gate * beta, up * beta
+    sig = torch.sigmoid(a)
+    swish = a * sig
+    dprob = dprob_tensor if dprob_tensor is not None else torch.zeros(rows, 1, 1)
+    dprob += ((u * swish) * g).sum(dim=1).view(-1, 1, 1)
+    gp = g * prob_tensor.view(-1, 1).float() if prob_tensor is not None else g
+    d_up = gp * swish
+    d_gate = ((gp * u) * sig) * (a * (1.0 - sig) + 1.0)
+    d_row = _interleave(d_gate, d_up).to(d_dtype or torch.bfloat16).unsqueeze(-1)
+    return TupleDict(d_row_tensor=d_row, d_col_tensor=None, dprob_tensor=dprob, dbias_tensor=None,
+                     amax_tensor=None, sfd_row_tensor=None, sfd_col_tensor=None)
