@@ -1,12 +1,12 @@
-"""The cuDNN frontend target: native NVFP4 on Blackwell (SM100+) through
+"""The cuDNN frontend target: native NVFP4 on Blackwell (SM10x) through
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
 Status (issue 16): nothing here has run on a Blackwell GPU. The step table is wired for
 the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
 over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
-Triton kernels). Until a run on SM100 has
-checked it, the probe refuses (``STEP_TABLE_READY``) and the policy passes the target over;
-``check_target`` registers it explicitly. What is here:
+Triton kernels). Until a run on SM100 has checked it, the probe refuses
+(``STEP_TABLE_READY``) and the policy passes the target over; ``check_target`` registers
+it explicitly (benchmarks/blackwell_check.py). What is here:
 
 * where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
   wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
