@@ -65,10 +65,14 @@ class Plan:
     reason: str
 
 
-def fused_amax_allowed(name: str, caps: Capabilities, recipe: Recipe) -> tuple[bool, str]:
+def fused_amax_allowed(name: str, caps: Capabilities, recipe: Recipe,
+                       activation: Optional[str] = None) -> tuple[bool, str]:
     """Rule 4 (given a fused fc1 kernel): may its amax feed the fc2 input's casts?"""
     if not caps.fused_amax:
         return False, f"{name}'s fused fc1 kernel emits no amax: one group Hadamard-amax pass over D"
+    if activation is not None and caps.fused_amax_activations is not None and (
+            activation not in caps.fused_amax_activations):
+        return False, f"{name}'s fused fc1 kernel emits no amax for {activation}: one group Hadamard-amax pass over D"
     if recipe.rht and recipe.sign_mask != 0 and not caps.fused_amax_takes_sign_mask:
         return False, (
             f"{name}'s fused post-RHT amax uses the unsigned Hadamard but the recipe's sign mask is "
@@ -95,7 +99,7 @@ def plan_with(name: str, caps: Capabilities, site: SiteSpec, recipe: Recipe) -> 
         why = (f"{name} has no fused kernel for {site.activation}: GEMMs and activation run apart, "
                f"one group Hadamard-amax pass over D")
         return Plan(name, False, False, False, ""), why
-    fused_amax, why = fused_amax_allowed(name, caps, recipe)
+    fused_amax, why = fused_amax_allowed(name, caps, recipe, site.activation)
     return Plan(name, True, fused_amax, True, ""), why
 
 
@@ -116,6 +120,8 @@ def choose_plan(site: SiteSpec, recipe: Recipe, candidates: Optional[Sequence[Ta
             skipped.append(mismatch)
             continue
         plan, why = plan_with(target.name, caps, site, recipe)
+        if target.describe is not None:
+            why = f"{why}; {target.describe(plan, site, recipe)}"
         return dataclasses.replace(plan, reason="; ".join(skipped + [f"{target.name} on {site.device.type}", why]))
     raise RuntimeError(f"no registered target runs a {site.activation} grouped MLP on {site.device}: "
                        + "; ".join(skipped))

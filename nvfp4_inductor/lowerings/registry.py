@@ -6,8 +6,10 @@
     targets()                              all, most preferred first
     get_target(name)                       one, by name (ValueError naming the known ones)
 
-Built in: ``triton`` (this package's Triton kernels, CUDA SM80+) before ``reference``
-(pure PyTorch, every device; the definition every other target is tested against).
+Built in: ``cudnn`` (nvidia-cudnn-frontend's NVFP4 grouped GEMMs, CUDA SM100+; its probe
+refuses until its step table is wired, ``lowerings/cudnn.py``), then ``triton`` (this
+package's Triton kernels, CUDA SM80+), then ``reference`` (pure PyTorch, every device; the
+definition every other target is tested against).
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
 TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0))
 REFERENCE = Target("reference", _load(".reference"), _reference_probe)
 
-_TARGETS: list[Target] = [TRITON, REFERENCE]
+def _cudnn_target() -> Target:
+    from .cudnn import CUDNN  # imports neither the frontend nor torch extras
+
+    return CUDNN
+
+
+_TARGETS: list[Target] = [_cudnn_target(), TRITON, REFERENCE]
 
 
 def targets() -> tuple[Target, ...]:

@@ -27,6 +27,8 @@ class Capabilities:
         Other activations run as separate GEMM and activation steps. tanh-SReLU belongs
         here only where the fused kernel implements the clamp (rule 3).
     fused_amax: the fused fc1 kernel's epilogue can emit D's per-group pre- and post-RHT amax.
+    fused_amax_activations: the fused activations whose fc1 kernel emits that amax (None: all
+        of ``fused_activations``; cuDNN's Hadamard kernel has no tanh clamp, for one).
     fused_amax_takes_sign_mask: that post-RHT amax uses the quantizer's sign mask (cuDNN's
         SM100 Hadamard kernel uses the unsigned Hadamard: False) (rule 4).
     dtypes: the dtypes of x and the weights it takes.
@@ -36,6 +38,7 @@ class Capabilities:
 
     fused_activations: frozenset[str] = frozenset()
     fused_amax: bool = False
+    fused_amax_activations: Optional[frozenset[str]] = None
     fused_amax_takes_sign_mask: bool = False
     dtypes: frozenset[torch.dtype] = frozenset({torch.bfloat16})
     alignment: int = BLOCK
@@ -56,6 +59,8 @@ class Target:
     device_types: the torch device types it runs on (None: every device).
     min_capability / max_capability: the CUDA compute-capability range it runs on,
         inclusive (None: unbounded); only read for CUDA devices.
+    describe: ``describe(plan, site, recipe)`` -> what the target's plan runs and why, in
+        words (which vendor kernel for each fused step), appended to the plan's reason.
     """
 
     name: str
@@ -64,6 +69,7 @@ class Target:
     device_types: Optional[tuple[str, ...]] = None
     min_capability: Optional[tuple[int, int]] = None
     max_capability: Optional[tuple[int, int]] = None
+    describe: Optional[Callable] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:

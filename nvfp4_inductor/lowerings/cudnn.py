@@ -1,0 +1,318 @@
+"""The cuDNN frontend target: native NVFP4 on Blackwell (SM10x) through
+``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
+
+Status (issue 16): nothing here has run on a Blackwell GPU. The step table is wired for
+the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
+over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
+Triton kernels). Until a run on SM100 has checked it, the probe refuses
+(``STEP_TABLE_READY``) and the policy passes the target over; ``check_target`` registers
+it explicitly (benchmarks/blackwell_check.py). What is here:
+
+* where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
+  wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
+  tcgen05 MMA the kernels use);
+* ``capabilities_from_signatures``: a pure function of the installed wrappers'
+  ``inspect.signature`` (never a version string): which activations the fused fc1 /
+  fc2-dgrad wrappers implement (tanh-SReLU only where both the srelu and the dsrelu
+  wrapper take ``tanh_clamp_scale``), whether the Hadamard wrapper's post-RHT amax can
+  take a sign mask (any parameter whose name contains ``sign_mask``; none in 1.32), and
+  the kernels' N alignment (64);
+* ``probe``: imports ``cudnn`` lazily, reads the signatures once per process;
+* ``describe``: which wrapper each fused step would call, and why (rules 3 and 4 of
+  docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``.
+
+The wrappers' layouts (256-row expert padding, 128x4 swizzled scale factors, the 32-column
+GLU interleave, per-expert alpha) are pure adapters in ``lowerings/cudnn_layout.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from typing import Mapping, Optional, Union
+
+import torch
+
+from .target import Capabilities, Target
+
+PACKAGE = "nvidia-cudnn-frontend"
+
+# The wrappers the step table calls (cudnn-frontend >= 1.30 names; all re-exported lazily
+# at the top of the ``cudnn`` package).
+FC1_SRELU = "grouped_gemm_srelu_wrapper_sm100"  # fc1 GEMM + (tanh-)SReLU * prob, no amax of ours
+FC1_GLU = "grouped_gemm_glu_wrapper_sm100"  # fc1 GEMM + SwiGLU * prob
+FC1_HADAMARD = "grouped_gemm_glu_hadamard_wrapper_sm100"  # + D's amax and unsigned post-RHT amax
+DGRAD_SRELU = "grouped_gemm_dsrelu_wrapper_sm100"  # fc2 dgrad + dSReLU, dprob, regenerated D
+DGRAD_GLU = "grouped_gemm_dglu_wrapper_sm100"  # fc2 dgrad + dSwiGLU, dprob
+GEMM = "grouped_gemm_quant_wrapper_sm100"  # plain grouped NVFP4 GEMM (fc2 fprop, fc1 dgrad)
+WRAPPERS = (FC1_SRELU, FC1_GLU, FC1_HADAMARD, DGRAD_SRELU, DGRAD_GLU, GEMM)
+
+# Arguments the step table passes, per wrapper: the probe refuses an installed frontend
+# whose wrapper lacks one (a renamed argument must not reach a kernel call).
+REQUIRED_ARGS = {
+    FC1_SRELU: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets", "alpha_tensor",
+                "prob_tensor", "c_dtype", "d_dtype", "sf_vec_size", "m_aligned"),
+    FC1_GLU: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets", "alpha_tensor",
+              "prob_tensor", "c_dtype", "d_dtype", "sf_vec_size", "m_aligned", "act_func"),
+    FC1_HADAMARD: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets", "alpha_tensor",
+                   "prob_tensor", "c_dtype", "d_dtype", "sf_vec_size", "m_aligned", "act_func"),
+    DGRAD_SRELU: ("a_tensor", "b_tensor", "c_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets",
+                  "alpha_tensor", "prob_tensor", "dprob_tensor", "d_dtype", "sf_vec_size", "m_aligned",
+                  "use_dsrelu_reuse"),
+    DGRAD_GLU: ("a_tensor", "b_tensor", "c_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets",
+                "alpha_tensor", "beta_tensor", "prob_tensor", "dprob_tensor", "d_dtype", "sf_vec_size",
+                "m_aligned", "act_func"),
+    GEMM: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets", "alpha_tensor",
+           "prob_tensor", "d_dtype", "sf_vec_size", "m_aligned"),
+}
+
+TANH_CLAMP_ARG = "tanh_clamp_scale"
+M_ALIGNED = 256  # rows per expert block: the kernels' FIX_PAD_SIZE, the wrappers' m_aligned
+N_ALIGNMENT = 64  # N % 64 == 0 for every fused wrapper (GLU: 2 x 32-column blocks)
+GLU_INTERLEAVE = 32  # gate/up alternate in 32-row blocks of W1 (32-column blocks of C)
+MAX_EXPERTS = 1024
+
+# The step table is not wired to the wrappers yet (issue 16, part c): until it is, the probe
+# refuses, so no plan ever names this target on a real device.
+STEP_TABLE_READY = False
+
+Signatures = Mapping[str, Union[inspect.Signature, str]]
+
+
+def sign_mask_parameter(signature: inspect.Signature) -> Optional[str]:
+    """The Hadamard wrapper's sign-mask argument, if the installed version has one (1.32:
+    none; its post-RHT amax uses the unsigned Hadamard)."""
+    return next((name for name in signature.parameters if "sign_mask" in name), None)
+
+
+def capabilities_from_signatures(signatures: Signatures) -> Union[Capabilities, str]:
+    """The target's Capabilities from the installed wrappers' signatures (a wrapper missing
+    or not importable: its reason as a str), or why the target cannot run."""
+    for name in WRAPPERS:
+        sig = signatures.get(name)
+        if sig is None:
+            return f"cudnn: the installed {PACKAGE} has no {name}"
+        if isinstance(sig, str):
+            return f"cudnn: {name} cannot be imported ({sig})"
+        missing = [arg for arg in REQUIRED_ARGS[name] if arg not in sig.parameters]
+        if missing:
+            return f"cudnn: the installed {name} takes no {', '.join(missing)}"
+    takes_clamp = all(TANH_CLAMP_ARG in signatures[name].parameters for name in (FC1_SRELU, DGRAD_SRELU))
+    fused = frozenset({"srelu", "swiglu"} | ({"tanh_srelu"} if takes_clamp else set()))
+    hadamard = signatures[FC1_HADAMARD]
+    amax_acts = {"srelu", "swiglu"} | ({"tanh_srelu"} if takes_clamp and TANH_CLAMP_ARG in hadamard.parameters
+                                       else set())
+    return Capabilities(
+        fused_activations=fused,
+        fused_amax=True,
+        fused_amax_activations=frozenset(amax_acts),
+        fused_amax_takes_sign_mask=sign_mask_parameter(hadamard) is not None,
+        dtypes=frozenset({torch.bfloat16}),
+        alignment=N_ALIGNMENT,
+    )
+
+
+def read_signatures(module) -> dict[str, Union[inspect.Signature, str]]:
+    """``inspect.signature`` of each wrapper of `module` (the ``cudnn`` package, or a
+    simulator with the same names); a wrapper that fails to import gives its error text."""
+    out: dict[str, Union[inspect.Signature, str]] = {}
+    for name in WRAPPERS:
+        try:
+            fn = getattr(module, name)
+        except AttributeError:
+            continue
+        except ImportError as err:  # the lazy re-export imports the CuTe DSL
+            out[name] = f"{type(err).__name__}: {err}"
+            continue
+        out[name] = inspect.signature(fn)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def installed_capabilities() -> Union[Capabilities, str]:
+    """Capabilities of the installed frontend (read once per process)."""
+    try:
+        module = importlib.import_module("cudnn")
+    except ImportError:
+        return f"cudnn: {PACKAGE} is not installed (pip install 'nvfp4_inductor[cudnn]')"
+    return capabilities_from_signatures(read_signatures(module))
+
+
+def wired(caps: Capabilities, fused: bool = True) -> Capabilities:
+    """`caps` restricted to what ``make_steps`` wires (no fused kernels when not `fused`)."""
+    acts = caps.fused_activations & WIRED if fused else frozenset()
+    amax = caps.fused_amax_activations
+    return dataclasses.replace(caps, fused_activations=acts,
+                               fused_amax_activations=None if amax is None else amax & acts)
+
+
+def probe(device: torch.device) -> Union[Capabilities, str]:
+    caps = installed_capabilities()
+    if isinstance(caps, str):
+        return caps
+    if not STEP_TABLE_READY:
+        return ("cudnn: not selected by default until it has run on an SM100 GPU "
+                "(benchmarks/blackwell_check.py registers it explicitly)")
+    return wired(caps)
+
+
+def fc1_wrapper(activation: str, fused_amax: bool) -> str:
+    if fused_amax:
+        return FC1_HADAMARD
+    return FC1_GLU if activation == "swiglu" else FC1_SRELU
+
+
+def dgrad_wrapper(activation: str) -> str:
+    return DGRAD_GLU if activation == "swiglu" else DGRAD_SRELU
+
+
+def describe(plan, site, recipe) -> str:
+    """Which wrapper each fused step calls, and why (appended to the plan's reason)."""
+    if not plan.fused_fc1:
+        return f"cudnn: fc1 and fc2 dgrad through {GEMM}, activation apart"
+    act = site.activation
+    if plan.fused_amax:
+        mask = "RHT off" if not recipe.rht else (
+            "sign mask 0, the unsigned Hadamard it uses" if recipe.sign_mask == 0 else
+            f"its sign-mask argument takes {recipe.sign_mask:#06x}")
+        fc1 = f"fc1: {FC1_HADAMARD} (act_func={act}), its amax and post-RHT amax feed D's casts ({mask})"
+    else:
+        clamp = f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else ""
+        fc1 = (f"fc1: {fc1_wrapper(act, False)}{clamp} (no amax), then our group Hadamard-amax pass with sign "
+               f"mask {recipe.sign_mask:#06x}")
+    dgrad = f"fc2 dgrad: {dgrad_wrapper(act)}" + (f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else "")
+    return f"{fc1}; {dgrad}; fc2 fprop and fc1 dgrad: {GEMM}"
+
+
+# ---------------------------------------------------------------------------------------
+# The step table over a frontend (the ``cudnn`` package, or ``cudnn_sim``)
+
+
+def make_steps(fe, base):
+    """The cudnn step table: `base`'s quantizers, wgrad and unfused activations; the
+    grouped GEMM (fc2 fprop, fc1 dgrad) through ``grouped_gemm_quant_wrapper_sm100``; the
+    fused fc1 (srelu / glu wrapper, or the Hadamard wrapper when the plan takes its amax)
+    and fc2 dgrad (dsrelu / dglu wrapper) kernels; `fe` supplies the wrappers."""
+    import dataclasses
+
+    from . import cudnn_layout as lay
+
+    def layout(group_sizes, tokens):
+        rows = lay.padded_rows(group_sizes, tokens)
+        capacity = lay.padded_capacity(tokens, group_sizes.numel())
+        return rows, capacity, lay.padded_offsets(group_sizes, tokens)
+
+    def operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu=False):
+        a, sfa = lay.activation_operand(a_data, a_scale, rows, capacity)
+        b, sfb = lay.weight_operand(b_data, b_scale, glu=glu)
+        return dict(a_tensor=a.unsqueeze(-1), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
+                    sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16, m_aligned=M_ALIGNED,
+                    acc_dtype=torch.float32)
+
+    def grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes):
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        out = getattr(fe, GEMM)(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
+                                d_dtype=torch.bfloat16, generate_amax=False,
+                                **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+        return lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
+
+    def clamp_kwargs(activation, tanh_clamp_scale):
+        return {TANH_CLAMP_ARG: tanh_clamp_scale} if activation == "tanh_srelu" else {}
+
+    def fc1_act_amax(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation,
+                     tanh_clamp_scale, sign_mask, *, want_amax=True):
+        if activation not in WIRED:
+            raise NotImplementedError(f"cudnn: no fused fc1 step for {activation}")
+        glu = activation == "swiglu"
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        args = dict(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
+                    prob_tensor=lay.prob_view(probs, rows, capacity), c_dtype=torch.bfloat16,
+                    d_dtype=torch.bfloat16, **operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu))
+        if want_amax:
+            out = getattr(fe, FC1_HADAMARD)(act_func="swiglu" if glu else "srelu", **args,
+                                            **clamp_kwargs(activation, tanh_clamp_scale))
+            pre, post = out["amax_tensor"].view(-1), out["post_rht_amax_tensor"].view(-1)
+        elif glu:
+            out = getattr(fe, FC1_GLU)(act_func="swiglu", generate_c=True, **args)
+            pre = post = None
+        else:
+            out = getattr(fe, FC1_SRELU)(**args, **clamp_kwargs(activation, tanh_clamp_scale))
+            pre = post = None
+        c = lay.unpad_rows(out["c_tensor"][:, :, 0], rows)
+        d = lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
+        return (lay.deinterleave_glu(c, dim=-1) if glu else c), d, pre, post
+
+    def fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation,
+                      tanh_clamp_scale, *, regenerate=False):
+        if activation not in WIRED:
+            raise NotImplementedError(f"cudnn: no fused fc2 dgrad step for {activation}")
+        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        common = dict(padded_offsets=offsets, prob_tensor=lay.prob_view(probs, rows, capacity),
+                      dprob_tensor=torch.zeros(capacity, 1, 1, dtype=torch.float32, device=c.device),
+                      d_dtype=torch.bfloat16, deterministic=True,
+                      **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+        if activation == "swiglu":
+            out = getattr(fe, DGRAD_GLU)(
+                c_tensor=lay.interleave_glu(lay.pad_rows(c, rows, capacity), dim=-1).unsqueeze(-1),
+                alpha_tensor=lay.dglu_alpha(a_amax, b_amax), act_func="dswiglu",
+                beta_tensor=torch.ones(group_sizes.numel(), dtype=torch.float32, device=c.device), **common)
+            dc = lay.deinterleave_glu(lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows), dim=-1)
+            # the dGLU kernel emits no D: regenerate it as the unfused step does, from the bf16 C
+            d = base.activation_forward(c, probs, activation) if regenerate else None
+        else:
+            out = getattr(fe, DGRAD_SRELU)(
+                c_tensor=lay.pad_rows(c, rows, capacity).unsqueeze(-1), alpha_tensor=lay.alpha(a_amax, b_amax),
+                use_dsrelu_reuse=regenerate, **common, **clamp_kwargs(activation, tanh_clamp_scale))
+            dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
+            d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None
+        dp = lay.unpad_rows(out["dprob_tensor"].view(-1), rows) if probs is not None else None
+        return dc, dp, d
+
+    return dataclasses.replace(base, grouped_gemm=grouped_gemm, fc1_act_amax=fc1_act_amax,
+                               fc2_dgrad_act=fc2_dgrad_act)
+
+
+# What the wired step table fuses.
+WIRED = frozenset({"srelu", "tanh_srelu", "swiglu"})
+
+
+def _steps():
+    """The real step table: the frontend's wrappers; quantizers, wgrad and the unfused
+    activations from the Triton target (bit-exact twins of the reference)."""
+    from .triton import STEPS as TRITON_STEPS
+
+    return make_steps(importlib.import_module("cudnn"), TRITON_STEPS)
+
+
+def check_target(name: str = "cudnn_check", fused: bool = True) -> Target:
+    """The real cudnn target with its probe ungated, for an explicit registration (the
+    Blackwell check): the installed frontend's capabilities, restricted to what is wired."""
+
+    def probe_now(device):
+        caps = installed_capabilities()
+        return caps if isinstance(caps, str) else wired(caps, fused)
+
+    return dataclasses.replace(CUDNN, name=name, probe=probe_now)
+
+
+def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
+    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities 1.32's
+    signatures give restricted to what is wired: for tests (register it with
+    ``lowerings.registered``). `base`: the step table it borrows quantizers and wgrad from
+    (default: the reference's); `fused` False: no fused kernels (every step unfused)."""
+    from . import cudnn_sim
+    from .reference import STEPS as REFERENCE_STEPS
+
+    steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
+    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True,
+                              fused_amax_activations=frozenset({"srelu", "swiglu"}),
+                              dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT), fused)
+    return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
+
+
+# SM10x/SM11x (tcgen05, 2-CTA MMA). SM12x passes the wrappers' own gate (>= 10.0) but the
+# kernels are SM10x-class and are expected to fail at JIT compile there: refused here.
+CUDNN = Target("cudnn", _steps, probe, device_types=("cuda",), min_capability=(10, 0), max_capability=(11, 99),
+               describe=describe)

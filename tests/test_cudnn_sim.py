@@ -1,0 +1,237 @@
+"""The cudnn target's step table run over the CPU simulator of the frontend's wrappers
+(lowerings/cudnn_sim.py), registered through the public registry.
+
+What holds, and what does not (each difference is named in cudnn_sim's docstring):
+* the plain grouped GEMM (quant wrapper) gives the reference's bits on CPU;
+* with the fused kernels off, a compiled training step through lowerings/cudnn.py equals
+  the eager chain bitwise, and equals the reference target bitwise;
+* with the fused SReLU kernels on, compiled != eager: the kernels apply the activation to
+  the fp32 alpha * acc (not to the bf16 C the eager chain reads) and take D's amax before
+  D's bf16 rounding, so fused != unfused on this target (the Triton target's invariant).
+  The differences stay within the tolerance stated below."""
+
+import importlib.util
+import inspect
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import lowerings, numerics
+from nvfp4_inductor.lowerings import cudnn as cd
+from nvfp4_inductor.lowerings import cudnn_sim
+from nvfp4_inductor.lowerings.reference import STEPS as R
+from test_cudnn_target import ARGS_1_32
+
+SIMULATED = cd.WRAPPERS
+
+
+@pytest.mark.parametrize("name", SIMULATED)
+def test_simulator_has_the_wrappers_signature(name):
+    assert list(inspect.signature(getattr(cudnn_sim, name)).parameters) == ARGS_1_32[name].split()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cudnn") is None, reason="nvidia-cudnn-frontend not installed")
+def test_simulator_signatures_equal_the_installed_frontends():
+    import cudnn
+
+    for name in SIMULATED:
+        real = inspect.signature(getattr(cudnn, name))
+        sim = inspect.signature(getattr(cudnn_sim, name))
+        assert [(p.name, p.kind, p.default) for p in real.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in sim.parameters.values()], name
+
+
+def _operands(sizes=(10, 0, 30, 300), h=64, n=128, seed=0):
+    torch.manual_seed(seed)
+    sizes = torch.tensor(sizes)
+    tokens = int(sizes.sum())
+    xq = numerics.group_quantize_torch(torch.randn(tokens, h, dtype=torch.bfloat16), sizes)
+    wq = numerics.quantize_weights_torch(torch.randn(len(sizes), n, h, dtype=torch.bfloat16))
+    return (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax,
+            sizes), torch.rand(tokens)
+
+
+STEPS = cd.make_steps(cudnn_sim, R)
+
+
+def test_plain_gemm_is_the_references():
+    args, _ = _operands()
+    assert torch.equal(STEPS.grouped_gemm(*args), R.grouped_gemm(*args))
+
+
+@pytest.mark.parametrize("activation,clamp,want_amax", [("srelu", None, False), ("srelu", None, True),
+                                                         ("tanh_srelu", 3.0, False), ("swiglu", None, False),
+                                                         ("swiglu", None, True)])
+def test_fused_fc1_against_the_unfused_steps(activation, clamp, want_amax):
+    args, p = _operands()
+    c, d, pre, post = STEPS.fc1_act_amax(*args, p, activation, clamp, 0, want_amax=want_amax)
+    c_ref = R.grouped_gemm(*args)
+    d_ref = R.activation_forward(c_ref, p, activation, clamp)
+    assert torch.equal(c, c_ref)  # C: the same bf16(alpha * acc)
+    # D from the fp32 C: within one bf16 rounding of C, propagated (2 |dC/C| for srelu;
+    # silu(a) amplifies it by |1 + a| where the gate a is very negative and D tiny: an
+    # absolute bound there, relative to max |D|)
+    atol = 2 ** -8 * float(d_ref.float().abs().max()) if activation == "swiglu" else 1e-30
+    torch.testing.assert_close(d.float(), d_ref.float(), rtol=2 ** -6, atol=atol)
+    assert not torch.equal(d, d_ref)
+    if want_amax:
+        pre_ref, post_ref = R.group_hadamard_amax(d_ref, args[6], 0)
+        torch.testing.assert_close(pre, pre_ref, rtol=2 ** -6, atol=0)
+        torch.testing.assert_close(post, post_ref, rtol=2 ** -6, atol=0)
+    else:
+        assert pre is None and post is None
+
+
+@pytest.mark.parametrize("activation,clamp", [("srelu", None), ("tanh_srelu", 3.0), ("swiglu", None)])
+def test_fused_dgrad_against_the_unfused_steps(activation, clamp):
+    args, p = _operands(n=128)
+    c = torch.randn(args[0].shape[0], 256 if activation == "swiglu" else 128, dtype=torch.bfloat16)
+    dc, dp, d = STEPS.fc2_dgrad_act(*args, c, p, activation, clamp, regenerate=True)
+    g = R.grouped_gemm(*args)
+    # the dsrelu kernel reads the fp32 alpha * acc, our G is its bf16 rounding: dC within
+    # that rounding; dp (a signed sum) within it relative to the row's sum of |terms|
+    dc_ref, dp_ref, d_ref = R.activation_backward(g, c, p, activation, clamp, regenerate=True)
+    assert dc.shape == dc_ref.shape and dp.shape == p.shape
+    # dSwiGLU: alpha as sqrt(.)^2 as well; both within a few bf16 roundings (SwiGLU: an
+    # absolute bound relative to max |dC| too, as for D)
+    atol = 2 ** -8 * float(dc_ref.float().abs().max()) if activation == "swiglu" else 1e-30
+    torch.testing.assert_close(dc.float(), dc_ref.float(), rtol=2 ** -6, atol=atol)
+    f = d_ref.float() / p.view(-1, 1)
+    bound = (f * g.float()).abs().sum(dim=1) * 2 ** -7 + 1e-30
+    assert bool(((dp - dp_ref).abs() <= bound).all())
+    if activation in ("srelu", "swiglu"):
+        assert torch.equal(d, d_ref)  # regenerated D from the same bf16 C: (r * r) * p; SwiGLU's is ours
+    else:
+        torch.testing.assert_close(d.float(), d_ref.float(), rtol=2 ** -6, atol=1e-30)
+
+
+# ---------------------------------------------------------------------------------------
+# The compiled training step through lowerings/cudnn.py over the simulator
+
+
+def _model(activation, recipe=None):
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(3, 64, 128, activation, tanh_clamp_scale=3.0 if activation == "tanh_srelu" else None,
+                        recipe=recipe)
+    x = torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True)
+    return mlp, (x, torch.tensor([10, 0, 30]), torch.rand(40, requires_grad=True))
+
+
+def _grads(mlp, args, compiled):
+    mlp.zero_grad()
+    for a in args:
+        a.grad = None
+    model = torch.compile(mlp, backend=nv.backend(compiler="aot_eager")) if compiled else mlp
+    torch.manual_seed(1)
+    y = model(*args)
+    y.backward(torch.randn_like(y))
+    return [y.detach(), args[0].grad, args[2].grad, mlp.fc1_weight.grad, mlp.fc2_weight.grad]
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_compiled_step_unfused_equals_eager_and_reference(activation):
+    mlp, args = _model(activation)
+    reference = _grads(mlp, args, compiled=False)  # CPU: the reference target
+    with lowerings.registered(cd.simulated_target(fused=False)):
+        [site] = nv.explain(mlp, *args).sites
+        assert site.target == "cudnn_sim" and cd.GEMM in site.reason
+        compare = nv.compare(mlp, *args, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+        simulated = _grads(mlp, args, compiled=True)
+    for a, b in zip(simulated, reference):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("activation", ["srelu", "tanh_srelu", "swiglu"])
+def test_compiled_step_fused_differs_from_eager_within_tolerance(activation):
+    mlp, args = _model(activation)
+    with lowerings.registered(cd.simulated_target()):
+        [site] = nv.explain(mlp, *args).sites
+        assert site.target == "cudnn_sim" and f"fc1: {cd.fc1_wrapper(activation, False)}" in site.reason
+        assert f"fc2 dgrad: {cd.dgrad_wrapper(activation)}" in site.reason
+        eager = _grads(mlp, args, compiled=False)
+        compiled = _grads(mlp, args, compiled=True)
+        again = _grads(mlp, args, compiled=True)
+    for a, b in zip(compiled, again):
+        assert torch.equal(a, b)  # deterministic
+    # Named contract difference 1 (activation on fp32 C) flips NVFP4 codes of D, then
+    # everything downstream: relative L2 error per tensor below 10% (measured 0.2-4.5%).
+    for a, b in zip(compiled, eager):
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 0.1
+
+
+def test_fused_amax_through_the_hadamard_wrapper_with_mask_zero():
+    recipe = nv.Recipe(sign_mask=0)
+    mlp, args = _model("srelu", recipe)
+    with lowerings.registered(cd.simulated_target()):
+        [site] = nv.explain(mlp, *args, recipe=recipe).sites
+        assert f"fc1: {cd.FC1_HADAMARD}" in site.reason and site.forward_steps
+        y = torch.compile(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager"))(*args)
+        y.sum().backward()
+        assert torch.isfinite(y).all()
+
+
+class Recording:
+    """A frontend that records the keyword arguments each wrapper is called with and runs
+    the simulator."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        fn = getattr(cudnn_sim, name)
+
+        def call(*args, **kwargs):
+            assert not args, f"{name} is called with keywords only"
+            self.calls.append((name, kwargs))
+            return fn(**kwargs)
+
+        return call
+
+
+def test_argument_sets_bind_to_the_wrappers_signatures():
+    """Every argument set the step table passes binds to 1.32's signatures (recorded), and
+    to the installed frontend's when it is importable."""
+    from test_cudnn_target import FE_1_32
+
+    fe = Recording()
+    steps = cd.make_steps(fe, R)
+    args, p = _operands()
+    steps.grouped_gemm(*args)
+    steps.fc1_act_amax(*args, p, "srelu", None, 0, want_amax=True)
+    steps.fc1_act_amax(*args, p, "tanh_srelu", 3.0, 0xD7E8, want_amax=False)
+    c = torch.randn(args[0].shape[0], 128, dtype=torch.bfloat16)
+    dargs, _ = _operands(n=128)
+    steps.fc2_dgrad_act(*dargs, c, p, "tanh_srelu", 3.0, regenerate=True)
+    steps.fc1_act_amax(*_operands(n=256)[0], p, "swiglu", None, 0xD7E8, want_amax=False)
+    steps.fc2_dgrad_act(*dargs, torch.randn(c.shape[0], 256, dtype=torch.bfloat16), p, "swiglu", None)
+    assert {name for name, _ in fe.calls} == set(SIMULATED)
+    installed = None
+    if importlib.util.find_spec("cudnn") is not None:
+        import cudnn as installed
+    for name, kwargs in fe.calls:
+        FE_1_32[name].bind(**kwargs)
+        if installed is not None:
+            inspect.signature(getattr(installed, name)).bind(**kwargs)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_recompute_on_and_off(fused):
+    """Unfused: recompute on == off bitwise. Fused: only dW2 differs, as named: the dsrelu
+    kernel regenerates D from the bf16 C, the forward's fused kernel made it from fp32 C."""
+    mlp, args = _model("srelu")
+    with lowerings.registered(cd.simulated_target(fused=fused)):
+        runs = []
+        for recompute in (True, False):
+            model = torch.compile(mlp, backend=nv.backend(compiler="aot_eager", recompute=recompute))
+            mlp.zero_grad()
+            for a in args:
+                a.grad = None
+            torch.manual_seed(1)
+            y = model(*args)
+            y.backward(torch.ones_like(y))
+            runs.append([y.detach(), args[0].grad, args[2].grad, mlp.fc1_weight.grad, mlp.fc2_weight.grad])
+            torch._dynamo.reset()
+    same = [torch.equal(a, b) for a, b in zip(*runs)]
+    assert same == ([True] * 4 + [not fused])
