@@ -1,7 +1,7 @@
 """The cuDNN frontend target: native NVFP4 on Blackwell (SM10x) through
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
-Status (issue 16): nothing here has run on a Blackwell GPU. The step table is wired for
+Status: nothing here has run on a Blackwell GPU. The step table is wired for
 the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
 over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
 Triton kernels). Until a run on SM100 has checked it, the probe refuses
@@ -74,8 +74,9 @@ N_ALIGNMENT = 64  # N % 64 == 0 for every fused wrapper (GLU: 2 x 32-column bloc
 GLU_INTERLEAVE = 32  # gate/up alternate in 32-row blocks of W1 (32-column blocks of C)
 MAX_EXPERTS = 1024
 
-# The step table is not wired to the wrappers yet (issue 16, part c): until it is, the probe
-# refuses, so no plan ever names this target on a real device.
+# The step table is wired to the wrappers but checked only against the CPU simulator: until
+# a run on an SM100 GPU has checked it (benchmarks/blackwell_check.py), the probe refuses, so
+# no plan names this target on a real device unless check_target registers it.
 STEP_TABLE_READY = False
 
 Signatures = Mapping[str, Union[inspect.Signature, str]]
