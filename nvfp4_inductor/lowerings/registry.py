@@ -7,7 +7,7 @@
     get_target(name)                       one, by name (ValueError naming the known ones)
 
 Built in: ``cudnn`` (nvidia-cudnn-frontend's NVFP4 grouped GEMMs, CUDA SM100+; its probe
-refuses until its step table is wired, ``lowerings/cudnn.py``), then ``triton`` (this
+refuses until a run on an SM100 GPU has checked it, ``lowerings/cudnn.py``), then ``triton`` (this
 package's Triton kernels, CUDA SM80+), then ``reference`` (pure PyTorch, every device; the
 definition every other target is tested against).
 """
@@ -21,6 +21,7 @@ from typing import Iterator, Optional, Union
 import torch
 
 from .. import activations
+from .cudnn import CUDNN  # imports no vendor package: its probe does, lazily
 from .target import Capabilities, Target
 
 
@@ -48,13 +49,7 @@ def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
 TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0))
 REFERENCE = Target("reference", _load(".reference"), _reference_probe)
 
-def _cudnn_target() -> Target:
-    from .cudnn import CUDNN  # imports neither the frontend nor torch extras
-
-    return CUDNN
-
-
-_TARGETS: list[Target] = [_cudnn_target(), TRITON, REFERENCE]
+_TARGETS: list[Target] = [CUDNN, TRITON, REFERENCE]
 
 
 def targets() -> tuple[Target, ...]:
