@@ -15,7 +15,7 @@ rounded) for ``torch._grouped_mm``:
 Differences from our chain, on purpose (this row is a cost baseline, not a twin): the
 global scale is folded into the bf16 operands instead of multiplying the fp32
 accumulator; D is saved in bf16 (no recompute); the stochastic-rounding bytes come from
-``torch.randint`` (Inductor's own RNG, one draw per element) rather than SPEC's Philox
+``torch.randint`` (Inductor's own RNG, one draw per element) rather than numerics.md's Philox
 words per 16-element block: with ``numerics.sr_random_bytes`` inlined, Inductor's
 lowering of the backward took over 5 minutes (its per-node op counting is quadratic in
 the 10-round Philox chains; CPU profile, 2026-11-29). Gradients go straight through

@@ -307,7 +307,7 @@ def _concrete(shape) -> tuple:
 def _size_hint(size) -> tuple[int, bool]:
     """``(value, estimated)`` of a size: an int, a backed SymInt's hint, or for a
     data-dependent (unbacked) size Inductor's ``unbacked_symint_fallback`` for each unbacked
-    symbol (no guard is taken; PITFALLS.md: unbacked sizes)."""
+    symbol (no guard is taken: guarding on an unbacked size raises)."""
     if not isinstance(size, torch.SymInt):
         return int(size), False
     if size.node.hint is not None:

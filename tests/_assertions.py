@@ -1,6 +1,6 @@
 """Bit-exact comparison helpers for NVFP4 tests and scripts (no pytest import).
 
-"Bit-exact means bytes" (STYLE.md rule 20): every comparison here views both tensors as
+"Bit-exact means bytes": every comparison here views both tensors as
 raw bytes, uses zero tolerance, and reports how many of how many bytes differ, with a
 label and the first few differing positions. Usable from pytest, from benchmark
 scripts and from GPU kernel tests alike: inputs may live on any device and are moved

@@ -1,6 +1,6 @@
 import os
 
-# Compiled-path tests must never be answered by a cache filled by older code (PITFALLS.md).
+# Compiled-path tests must never be answered by a cache filled by older code.
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 # --- nvfp4_inductor.kernels: Triton interpreter on machines without CUDA -----------------

@@ -1,5 +1,5 @@
 """Fused GEMM epilogues (kernels/grouped_gemm_act.py, kernels/grouped_gemm_dact.py) against
-the unfused kernels they stand in for, byte for byte (STYLE 20):
+the unfused kernels they stand in for, byte for byte:
 
     grouped_gemm_act  == grouped_gemm_via_bf16 -> activation_forward -> group_hadamard_amax
                          (the amaxes also == numerics.group_hadamard_amax_torch of that D)

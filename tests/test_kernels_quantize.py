@@ -1,12 +1,12 @@
 """nvfp4_inductor.kernels (Triton) against numerics.py: zero tolerance on codes, scales,
-amaxes and offsets (STYLE rule 20).
+amaxes and offsets.
 
 On a machine without CUDA, tests/conftest.py sets TRITON_INTERPRET=1 before Triton is
 imported and the kernels run in the interpreter on CPU tensors (small shapes, large tiles,
 so each call is one or two programs). `@pytest.mark.gpu` tests run the big shapes on a
 CUDA device (``pytest -m gpu``); they are skipped, with the reason, without one.
 
-Cases are data (STYLE rule 22): ``GROUP_CASES`` / ``SINGLE_CASES`` name the input, the
+Cases are data: ``GROUP_CASES`` / ``SINGLE_CASES`` name the input, the
 group sizes and the options. Pruned on purpose: fp32 inputs with RHT (numerics.md 3: RHT needs
 bf16) and block_2d with RHT (weights are never transformed; the kernels raise).
 """
@@ -55,7 +55,7 @@ def random_input(tokens: int, k: int, seed: int) -> torch.Tensor:
 
 
 def edge_input(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(96, 64) bf16 with every SPEC edge case in its own group, and its group sizes:
+    """(96, 64) bf16 with every numerics.md edge case in its own group, and its group sizes:
     empty groups front/middle/end, an all-zero group, an outlier next to blocks whose scale
     underflows to 0 (codes +-6), blocks with subnormal E4M3 scales, a group whose amax is
     so small that S_enc clamps to FLT_MAX, exact zeros and -0.0, sizes not multiples of 16."""
@@ -257,7 +257,7 @@ def test_group_hadamard_amax_matches_reference(sign_mask):
 
 
 # ---------------------------------------------------------------------------------------
-# Device functions, tables (STYLE rule 21)
+# Device functions, tables
 
 
 @triton.jit

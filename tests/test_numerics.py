@@ -5,7 +5,7 @@ Expected bytes come from oracles written here, independent of the code under tes
     rounded once with ``f32`` (struct), E4M3/E2M1 rounding from the enumerated tables of
     test_formats.py, stochastic rounding with exact Fractions.
   * ``hand_rht``: the butterfly order pinned in numerics' docstring, each fp32 add rounded
-    with ``f32``, bf16 rounding done on the fp32 bit pattern; R is built from the SPEC sign
+    with ``f32``, bf16 rounding done on the fp32 bit pattern; R is built from the numerics.md sign
     list and ``H[i][j] = (-1)^popcount(i & j)``.
   * ``philox_ref``: Philox4x32-10 written from the Random123 paper with Python ints, checked
     against Random123's known-answer vectors and against Triton's ``tl.philox`` run in the
@@ -13,7 +13,7 @@ Expected bytes come from oracles written here, independent of the code under tes
   * Grouped layouts are checked against ``quantize_torch`` of each group zero-padded to 16
     rows as a single tensor (the bitwise property numerics.md 4 promises), after ``quantize_torch``
     itself is pinned to ``hand_quantize`` above.
-Pruned: no NaN/inf inputs (SPEC leaves them undefined); shapes stay small so the whole
+Pruned: no NaN/inf inputs (numerics.md leaves them undefined); shapes stay small so the whole
 file runs in a few seconds on 2 CPU cores.
 """
 
@@ -612,7 +612,7 @@ GROUP_CASES = [
     GroupCase("single_group", (40,), k=16),
     GroupCase("moe_like", (37, 0, 64, 3, 18, 70, 1, 63), k=64),
 ]
-# pruned: zero tokens in total (no shapes in SPEC) and huge K (covered by test_quantize_matches_hand_chain)
+# pruned: zero tokens in total (no shapes in numerics.md) and huge K (covered by test_quantize_matches_hand_chain)
 
 
 def _pad16(x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ so none of those is used as an oracle here. The oracles:
 * Activation and its backward: numerics.md 5 formulas in fp64 and ``torch.autograd``, within
   bf16 rounding; dprob within the fp32 error bound of its pinned summation order.
 * The fused grouped-MLP ops equal, bit for bit, the chain of the ``nvfp4`` ops above
-  (STYLE 17: the fused ops' contract; the steps' numbers are pinned by the oracles above).
+  (the fused ops' contract; the steps' numbers are pinned by the oracles above).
 
 Op contract: ``torch.library.opcheck`` (schema, fake impl against the real one,
 autograd registration, AOT dispatch with dynamic shapes; stochastic rounding off, as an
@@ -868,7 +868,7 @@ def test_ops_compile_fullgraph():
 
 
 # ---------------------------------------------------------------------------------------
-# Fused grouped-MLP ops: bit for bit the chain of nvfp4 ops (STYLE 17)
+# Fused grouped-MLP ops: bit for bit the chain of nvfp4 ops (the fused ops' contract)
 
 
 @dataclasses.dataclass(frozen=True)

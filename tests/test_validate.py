@@ -1,5 +1,5 @@
 """nvfp4_inductor/validate.py through the public API: every bad input raises ValueError
-whose message names the argument (STYLE 16).
+whose message names the argument.
 
 Each case is data: (what is wrong, the call, a regex naming the argument). The calls go
 through ``nvfp4_inductor.quantize``, ``group_quantize``, ``grouped_mlp`` and ``GroupedMLP``

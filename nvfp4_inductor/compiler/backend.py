@@ -8,7 +8,7 @@
                                the fused op's autograd formula saves
 
 Registered under the name "nvfp4" both through the ``torch_dynamo_backends`` entry point
-and at import, guarded so either order works (PITFALLS.md: duplicate name).
+and at import, guarded so either order works (a name registered twice raises).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CompiledGraphRecord:
 
 class _PackageVersion(CustomGraphPass):
     """A no-op post-grad pass whose uuid hashes this package's sources, so Inductor's and
-    AOTAutograd's caches miss when our code changes (PITFALLS.md: stale artifacts)."""
+    AOTAutograd's caches miss when our code changes (else they serve artifacts built by older code)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         return None

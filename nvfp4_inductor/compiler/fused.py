@@ -1,6 +1,6 @@
 """The fused grouped-MLP ops the backend puts in place of each recognised site.
 
-Contract (STYLE 17): ``nvfp4::grouped_mlp_fwd`` + ``grouped_mlp_bwd`` (three ops) are, as a
+Contract: ``nvfp4::grouped_mlp_fwd`` + ``grouped_mlp_bwd`` (three ops) are, as a
 pair, equivalent bit for bit to the eager chain of ``nn.py``; ``nvfp4::grouped_mlp_infer``
 is interchangeable with the pair's forward output. They call the same lowering steps as
 the eager ops, so equality is by construction. What the forward returns beyond Y is
@@ -25,7 +25,7 @@ over D runs in the backward. Fused and unfused steps give the same bits.
 The backward runs its own ops (``grouped_mlp_bwd``: ``nvfp4::grouped_mlp_bwd_fc2`` up to
 dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops), never the forward op
 again: that would be merged with it by the partitioner's CSE and the activation saved
-after all (PITFALLS.md).
+after all.
 Three ops rather than one let the compiled backward free each saved tensor after its last
 reader (benchmarks/memory_model.py).
 Every non-tensor argument of the ops (the activation, the recipe's fields, recompute, the

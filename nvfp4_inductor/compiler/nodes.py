@@ -136,7 +136,7 @@ def only_user(node: Node) -> Node | None:
 
 def known_equal(a, b) -> bool:
     """``a == b`` for ints or SymInts, answered without a guard: False unless provable
-    (sizes may be unbacked, data-dependent symbols; PITFALLS.md)."""
+    (sizes may be unbacked, data-dependent symbols)."""
     return a is b or statically_known_true(a == b)
 
 

@@ -1,5 +1,5 @@
 """Public entry points of the Triton quantize kernels: twins of the numerics.py references
-(STYLE rule 6) with the same arguments and return types, bit for bit the same results.
+with the same arguments and return types, bit for bit the same results.
 
     quantize(x, ...)                     <-> numerics.quantize_torch            NVFP4Tensor
     group_quantize(x, group_sizes, ...)  <-> numerics.group_quantize_torch      NVFP4GroupedTensor

@@ -8,7 +8,7 @@ Reference twin: ``formats.block_values(data, scale).to(torch.bfloat16)`` -- bit 
 deq() has at most 6 significant bits and lies in [2**-10, 2688], so it is exact in bf16
 and no rounding happens anywhere (numerics.md 7).
 
-Arithmetic: integer bit placement, no fp8 casts (PITFALLS):
+Arithmetic: integer bit placement, no fp8 casts:
 * a code c (4 bits) placed as ``(c & 7) << 9 | (c & 8) << 12`` is the fp16 bit pattern of
   e2m1(c) * 2**-14 (the E2M1 exponent lands in fp16's exponent field, bias 15 instead of
   1; code 1 = 0.5 becomes the fp16 subnormal 2**-15, which is exact);

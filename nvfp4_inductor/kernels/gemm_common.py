@@ -10,7 +10,7 @@ output tiles, M fastest (consecutive programs share b's N tile).
   tile -> (group, tile) is a division; a tile's K range is its group's padded tokens.
 
 Epilogue (``gemm_out_bits`` / ``store_bf16``): out = bf16(acc * alpha_g) with integer
-round-to-nearest-even (the interpreter's bf16 cast truncates, PITFALLS), alpha_g =
+round-to-nearest-even (the interpreter's bf16 cast truncates), alpha_g =
 A_a,g * A_b,g / 2688**2 as ``numerics.gemm_alpha`` computes it (one IEEE division).
 (Until the in-register dequant GEMMs were removed it was bf16((acc * 2**28) * alpha_g), the
 bf16-operand kernels passing acc * 2**-28; both multiplies were exact -- a non-zero acc of
