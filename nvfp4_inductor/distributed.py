@@ -133,7 +133,7 @@ def _check_replicated_rounding(name: str, values: dict) -> None:
             f"nvfp4::{name} on Replicate DTensors with stochastic_rounding=True needs sr_per_rank=False "
             "(Recipe(sr_per_rank=False)): sr_per_rank folds each rank into its seed, so the ranks would round "
             "differently and the output would not be replicated. With sr_per_rank=False every rank must seed "
-            "torch's CPU generator alike.")
+            "torch's generators alike (torch.manual_seed).")
 
 
 def _strategy(op, name: str, *, expert_shard: bool):

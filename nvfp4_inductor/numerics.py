@@ -30,8 +30,9 @@ terms exact in fp32). The bytes come from Philox4x32-10 (Triton's ``tl.philox``)
 key = the 64-bit seed, counter = (block index, stream, 0, 0) with stream 0 for the
 row-wise copy and 1 for the column-wise copy; the 4 output words give the 16 bytes of
 one 16-element block, element j taking byte j % 4 (little end first) of word j // 4.
-One seed is drawn per quantize call from torch's CPU generator (``draw_seed``), so
-``torch.manual_seed`` reproduces the bits in eager and compiled runs, on any device.
+One seed is drawn per quantize call, on the data's device from its default generator
+(``draw_seed``: a device tensor, never a host int, so CUDA graphs replay fresh bits), and
+``torch.manual_seed`` reproduces the bits in eager and compiled runs.
 Under torch.distributed the ops fold the rank into the key's high word (``draw_seed``
 with ``per_rank``: seed ^ (rank << 32)), so ranks seeded alike draw independent bits;
 rank 0, and any run without torch.distributed, keeps the drawn seed.
@@ -42,7 +43,7 @@ zero is coded 8 (-0). Both dequantize to 0.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed
@@ -70,6 +71,7 @@ from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, pack_f
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 
 _U32 = 0xFFFFFFFF
+Seed = Union[int, torch.Tensor]  # a Philox seed: a host int, or a 0-d int64 tensor on the data's device
 
 # ---------------------------------------------------------------------------------------
 # Global and block scales
@@ -130,10 +132,11 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def philox4x32(seed: int, c0: torch.Tensor, c1: int, c2: int = 0, c3: int = 0, rounds: int = PHILOX_ROUNDS):
+def philox4x32(seed: Seed, c0: torch.Tensor, c1: int, c2: int = 0, c3: int = 0, rounds: int = PHILOX_ROUNDS):
     """Philox4x32 with key (seed low 32 bits, seed high 32 bits), counters c0 (a tensor of
     uint32 values in int64) and scalars c1..c3. Returns four int64 tensors of uint32 words,
-    identical to ``tl.philox(seed, c0, c1, c2, c3, rounds)``."""
+    identical to ``tl.philox(seed, c0, c1, c2, c3, rounds)``. `seed` is an int or a 0-d int64
+    tensor on c0's device (``draw_seed``); a tensor stays on the device (no host read)."""
     k0, k1 = seed & _U32, (seed >> 32) & _U32
     x0 = c0.to(torch.int64) & _U32
     x1 = torch.full_like(x0, c1 & _U32)
@@ -153,8 +156,15 @@ def sr_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def draw_seed(per_rank: bool = False) -> int:
-    """One 63-bit Philox seed from torch's CPU generator (host only: no device sync).
+def draw_seed(device=None, per_rank: bool = False) -> torch.Tensor:
+    """One 63-bit Philox seed: a 0-d int64 tensor on `device`, drawn by
+    ``torch.randint`` from that device's default generator.
+
+    On a GPU the draw is a kernel: nothing reaches the host, so there is no sync, and
+    under CUDA-graph capture torch's generator records it with a device-side Philox offset
+    that advances on every replay: each replay draws a fresh seed, exactly the seed an
+    uncaptured step would draw from the same generator state. (A seed read on the host and
+    written by a fill would be frozen into the graph: every replay would round alike.)
 
     per_rank (``Recipe.sr_per_rank``, the ops pass it): fold the torch.distributed rank
     into the high key word, ``seed ^ (rank << 32)`` -- the one place the rank enters the
@@ -162,11 +172,12 @@ def draw_seed(per_rank: bool = False) -> int:
     (distinct Philox keys); rank 0 and runs without torch.distributed keep the drawn seed,
     so single-process numerics never depend on it. Ranks stay below 2**31, so the result
     is still a 63-bit seed."""
-    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
-    return seed ^ (sr_rank() << 32) if per_rank else seed
+    seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
+    rank = sr_rank() if per_rank else 0
+    return seed ^ (rank << 32) if rank else seed  # rank 0: no fold, no extra launch
 
 
-def sr_random_bytes(seed: int, rows: int, cols: int, stream: int, device) -> torch.Tensor:
+def sr_random_bytes(seed: Seed, rows: int, cols: int, stream: int, device) -> torch.Tensor:
     """uint8 (rows, cols): the random byte of each element of a (rows, cols) matrix that is
     quantized in 1x16 blocks along cols (block index = row * cols/16 + col // 16)."""
     n_blocks = rows * (cols // BLOCK)
@@ -274,13 +285,13 @@ def quantize_torch(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[int] = None,
+    seed: Optional[Seed] = None,
 ) -> NVFP4Tensor:
     """Quantize an (M, K) tensor (numerics.md 2-4). Arguments as ``nvfp4_inductor.quantize``;
     `seed` (drawn with ``draw_seed`` when None and stochastic rounding is on) fixes the bits.
     Inputs are assumed valid (``nvfp4_inductor.validate`` checks them)."""
     if stochastic_rounding and seed is None:
-        seed = draw_seed()
+        seed = draw_seed(x.device)
     m, k = x.shape
     out = NVFP4Tensor(None, None, None, None, None, None)
     if rowwise:
@@ -357,13 +368,13 @@ def group_quantize_torch(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[int] = None,
+    seed: Optional[Seed] = None,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor of G row groups, each with its own amaxes (numerics.md 4).
     Arguments as ``nvfp4_inductor.group_quantize`` (block_2d is accepted for symmetry but
     groups of tokens are never 2D-quantized: it is rejected by validation)."""
     if stochastic_rounding and seed is None:
-        seed = draw_seed()
+        seed = draw_seed(x.device)
     tokens, k = x.shape
     groups = group_sizes.numel()
     group_of_row, padded_row, padded_offsets, group_of_padded_row = group_layout(group_sizes, tokens)

@@ -7,8 +7,9 @@ Fake impls give shapes for tracing. Optional outputs (a copy that was not asked 
 the Python wrappers in ``quantize.py`` turn them into None.
 
 Stochastic rounding draws its Philox seed inside the op (``numerics.draw_seed``) at run
-time, from torch's CPU generator: eager and compiled runs consume the generator in the
-same order, so a fixed ``torch.manual_seed`` gives the same bits in both. ``sr_per_rank``
+time, as a tensor on x's device from that device's generator (no host read, so CUDA graphs
+replay fresh draws): eager and compiled runs consume the generator in the same order, so a
+fixed ``torch.manual_seed`` gives the same bits in both. ``sr_per_rank``
 (``Recipe.sr_per_rank``) folds the torch.distributed rank into that seed.
 """
 
@@ -65,7 +66,7 @@ def quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
-        seed=numerics.draw_seed(sr_per_rank) if stochastic_rounding else None,
+        seed=numerics.draw_seed(x.device, sr_per_rank) if stochastic_rounding else None,
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple(), dtypes))
@@ -114,7 +115,7 @@ def group_quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
-        seed=numerics.draw_seed(sr_per_rank) if stochastic_rounding else None,
+        seed=numerics.draw_seed(x.device, sr_per_rank) if stochastic_rounding else None,
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2 + (torch.int64,)
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple()[:7], dtypes))

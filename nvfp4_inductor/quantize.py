@@ -36,7 +36,7 @@ def quantize(
     rowwise / columnwise: which copies to make (column-wise = the quantization of x^T,
     for wgrad). rht: random Hadamard transform of the column-wise copy only (bf16 x).
     block_2d: 16x16 tiles (weights). stochastic_rounding: Philox-driven SR, seeded from
-    torch's generator. rowwise_amax / columnwise_amax: fp32 scalars to use instead of
+    the generator of x's device. rowwise_amax / columnwise_amax: fp32 scalars to use instead of
     computing the amaxes (the column-wise one is post-RHT when `rht`). sr_per_rank: fold
     the torch.distributed rank into the stochastic-rounding seed (``Recipe.sr_per_rank``).
     """

@@ -2,7 +2,7 @@
 
 Defaults follow TransformerEngine's NVFP4 recipe. Every field changes numerics, and
 each states its effect; all combinations are bitwise reproducible under a fixed
-``torch.manual_seed`` (stochastic rounding draws its Philox seed from torch's CPU
+``torch.manual_seed`` (stochastic rounding draws its Philox seed from the data device's
 generator, see ``numerics.draw_seed``; under torch.distributed each rank's seed also
 depends on its rank unless ``sr_per_rank=False``).
 """
@@ -29,7 +29,7 @@ class Recipe:
     stochastic_rounding: gradients (dY, dC), both copies, round stochastically
         (8 Philox bits per element); everything else rounds to nearest even.
     sr_per_rank: with stochastic rounding under an initialised torch.distributed, each
-        seed drawn from the CPU generator has the global rank folded into the Philox
+        seed drawn has the global rank folded into the Philox
         key's high word (seed ^ (rank << 32)): ranks seeded alike (the usual data-parallel
         set-up) draw independent rounding bits, so their rounding noise averages out.
         Rank 0 draws what a single process draws. False: every rank uses the drawn seed

@@ -491,9 +491,9 @@ def sr_ranks(ctx):
     labels = ("dX", "dprobs", "dW1", "dW2")
     # The rule, in its one place: seed ^ (rank << 32); rank 0 keeps the single-process seed.
     torch.manual_seed(11)
-    drawn = draw_seed()
+    drawn = int(draw_seed())
     torch.manual_seed(11)
-    folded = draw_seed(per_rank=True)
+    folded = int(draw_seed(per_rank=True))
 
     # Bits of one SR quantization of the same tensor on every rank, seeded alike.
     x, _, p, dy = tokens(0, "cpu")

@@ -176,6 +176,27 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_steps):
     assert ("quantize", True, False) in calls  # column-wise only, with the saved amax
 
 
+def test_compiled_step_draws_sr_seeds_as_device_tensors(use_steps):
+    """Every SR seed reaches the steps as a tensor on the gradient's device, never a host
+    int: a value read on the host would be frozen into a CUDA graph (every replay would
+    round alike). tests/test_gpu_cudagraphs.py checks the replays themselves."""
+    import dataclasses
+
+    from nvfp4_inductor.lowerings.reference import STEPS
+
+    seeds = []
+    use_steps(dataclasses.replace(
+        STEPS, group_quantize=lambda *a, **k: seeds.append(k.get("seed")) or STEPS.group_quantize(*a, **k)))
+    mlp, args = _grouped_mlp_model("srelu", probs=True)
+    x = args[0].requires_grad_()
+    y = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x, *args[1:])
+    seeds.clear()
+    y.backward(torch.randn_like(y))
+    drawn = [s for s in seeds if s is not None]
+    assert len(drawn) == 2, seeds  # dY's, then dC's
+    assert all(isinstance(s, torch.Tensor) and s.device == x.device and s.dtype == torch.int64 for s in drawn)
+
+
 def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_steps):
     """In Inductor's generated backward, C (saved by the forward op, read by fc2's backward
     op only) is freed before fc1's wgrad runs: what splitting the backward into three ops

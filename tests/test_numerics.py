@@ -936,6 +936,28 @@ def test_sr_reproducible_under_manual_seed():
     assert n_differ > n_total // 10
 
 
+def test_draw_seed_is_a_device_value_with_the_host_draws_bits():
+    """The seed stays a tensor on the data's device (a graph replays the draw, not a value);
+    on the CPU it is the very number the former host draw gave, so no CPU bit moved."""
+    torch.manual_seed(5)
+    seed = numerics.draw_seed(torch.device("cpu"))
+    torch.manual_seed(5)
+    host = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    assert isinstance(seed, torch.Tensor) and seed.shape == () and seed.dtype == torch.int64
+    assert int(seed) == host
+
+
+def test_sr_tensor_seed_gives_the_int_seeds_bits():
+    x = rand_bf16(48, 64, seed=52)
+    sizes = torch.tensor([16, 0, 32])
+    for seed in (1, 2**40 + 7, 2**63 - 2):
+        kwargs = dict(columnwise=True, rht=True, stochastic_rounding=True)
+        assert_nvfp4_equal(numerics.quantize_torch(x, **kwargs, seed=torch.tensor(seed)),
+                           numerics.quantize_torch(x, **kwargs, seed=seed), f"seed {seed}")
+        assert_nvfp4_equal(numerics.group_quantize_torch(x, sizes, **kwargs, seed=torch.tensor(seed)),
+                           numerics.group_quantize_torch(x, sizes, **kwargs, seed=seed), f"grouped, seed {seed}")
+
+
 def test_sr_explicit_seed_reproducible_and_distinct():
     x = rand_bf16(16, 64, seed=51)
     a = numerics.quantize_torch(x, stochastic_rounding=True, seed=1)

@@ -176,7 +176,7 @@ def grouped_mlp_bwd_fc2(
     steps = steps_for(target, dy.device)
 
     def quantize_grad(t):  # the seed drawn as the eager group_quantize op draws it
-        seed = draw_seed(sr_per_rank) if stochastic_rounding else None
+        seed = draw_seed(t.device, sr_per_rank) if stochastic_rounding else None
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
                                     stochastic_rounding=stochastic_rounding, seed=seed)
 

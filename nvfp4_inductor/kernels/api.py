@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ..constants import RHT_DEFAULT_SIGN_MASK
-from ..numerics import columnwise_capacity, draw_seed
+from ..numerics import Seed, columnwise_capacity, draw_seed
 from ..tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 from ._registry import INTERPRET
 from .group_amax import group_amax
@@ -53,13 +53,17 @@ def _check_input(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
 
 
-def _seed_tensor(stochastic_rounding: bool, seed: Optional[int], device, blocks: int = 0) -> Optional[torch.Tensor]:
+def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks: int = 0) -> Optional[torch.Tensor]:
+    """The (1,) int64 seed the cast kernel loads. A tensor seed (``draw_seed``'s) stays a
+    device value -- no host read, so CUDA graphs replay fresh draws; an int is filled in."""
     if not stochastic_rounding:
         return None
     if blocks >= 2**32:
         raise ValueError(f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
     if seed is None:
-        seed = draw_seed()
+        seed = draw_seed(device)
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=device, dtype=torch.int64).reshape(1)
     return torch.full((1,), seed, dtype=torch.int64, device=device)  # a fill: no host-to-device copy
 
 
@@ -104,7 +108,7 @@ def quantize(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[int] = None,
+    seed: Optional[Seed] = None,
 ) -> NVFP4Tensor:
     """Quantize an (M, K) tensor, M and K multiples of 16 (numerics.quantize_torch)."""
     _check_input(x, "quantize")
@@ -140,7 +144,7 @@ def group_quantize(
     stochastic_rounding: bool = False,
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[int] = None,
+    seed: Optional[Seed] = None,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor of G row groups of sizes `group_sizes` (a (G,) int tensor on
     x's device; any sizes, zero included, summing to T) per group (numerics.group_quantize_torch).
