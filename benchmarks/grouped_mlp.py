@@ -1,34 +1,83 @@
 """Question: how fast and how lean is NVFP4 grouped-MLP training (forward + backward)
-compared with BF16, per implementation, at the issue's shapes?
+compared with BF16, per implementation, at the issue's shapes, with and without CUDA graphs,
+and how far is it from what its GEMMs and quantization bytes allow?
 
-Rows (one process, one GPU): BF16 torch.compile of a torch._grouped_mm MLP (the baseline,
-1.00); stock torch.compile of the NVFP4 chain in plain PyTorch ops (fake-quant: every
-operand of the six GEMMs quantize-dequantized as ours are, benchmarks/fake_quant.py); our eager
-NVFP4 (op by op); our compiled NVFP4, recompute on and off. Columns: forward+backward time
-relative to the baseline, TFLOP/s (6 * T * H * F1' flops per GEMM trio, counted the same
-for every row), peak memory, bytes saved for backward (unique storages, via
-saved_tensors_hooks). Times: triton.testing.do_bench median after warm-up, random data.
+Rows (one process, one GPU), per shape, activation and CUDA-graph setting: BF16
+torch.compile of a torch._grouped_mm MLP (the baseline, 1.00) and our compiled NVFP4
+(recompute on). ``--extra`` adds, graphs off only: stock torch.compile of the NVFP4 chain
+in plain PyTorch ops (fake-quant: every operand of the six GEMMs quantize-dequantized as ours
+are, benchmarks/fake_quant.py); our eager NVFP4 (op by op); our compiled NVFP4 with D saved.
 
-    python benchmarks/grouped_mlp.py [--shapes S1 S2 S3] [--activations srelu swiglu] [--profile]
-                                     [--host-profile] [--skip fake-quant eager save-D]
+Columns:
+  graphs, vs, time/vs  CUDA graphs off, or on (both rows compiled with mode="reduce-overhead":
+                       Inductor's CUDA graph trees, torch.compiler.cudagraph_mark_step_begin()
+                       before each step); "vs" names the baseline row of the ratios (the BF16 row
+                       of the same graphs setting). Weights are nn.Parameters (static under the
+                       graph trees, as in training); x, probs and dY are copied into the graphs'
+                       input buffers each replay, for BF16 and NVFP4 alike. NVFP4 graph
+                       replays reuse the SR seeds drawn at recording (host-drawn seeds): the
+                       time is the real one, the rounding noise repeats.
+  ms, TFLOP/s          forward + backward, median of triton.testing.do_bench on random data;
+                       6 * T * H * (F1 + F) flops for every row.
+  floor ms, floor/vs   (NVFP4 rows) the six BF16 grouped GEMMs of the step timed alone, plus the
+                       bytes of every cast, amax pass and dequantization of one NVFP4 step
+                       (`quant_bytes`) at the device-to-device copy rate measured in this run.
+  peak GiB, peak/bf16  peak allocated during one step, inputs excluded; graphs off only (graph
+                       replays bypass the caching allocator). Ratio to the BF16 graphs-off row.
+  saved MiB, /bf16     bytes saved for backward (unique storages, saved_tensors_hooks); graphs off.
+  host ms              time to enqueue one step without waiting for the GPU (5 steps back to
+                       back): where it reaches "ms", the row is host-bound.
+  first s, first/vs    the first step (Dynamo, Inductor, Triton compiles; graph-tree warm-up). The
+                       process's first NVFP4 step also compiles our Triton kernels (~60 s on a
+                       cold Triton cache), and a shape with new tile configurations compiles more.
+  note                 "graphs skipped" when Inductor declined CUDA graphs for a graphs-on row
+                       (its cudagraph_skips counter moved); a failing row's error.
+
+    python benchmarks/grouped_mlp.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
+        [--graphs off on] [--extra eager save-D fake-quant] [--profile] [--host-profile]
+        [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
+
+The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
+fit ~8 minutes on a fresh H200 with Triton's cache cold (an estimate from runs E7, E8). Each
+row is printed as it finishes (a cut-off run still reports) and the table last; SIGINT
+(``timeout -s INT``) prints the rows measured so far.
+``--device cpu --shapes tiny --compiler aot_eager`` is a smoke run (tests/
+test_benchmark_grouped_mlp_smoke.py): perf_counter timing, no peak memory, graphs-on rows
+skipped (CUDA graphs need a GPU).
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
-(recompute on) sorted by time: where the time goes. --host-profile adds the same step's
-host-side Python functions by own time (cProfile). The "host ms" column is the time to
-enqueue one step without waiting for the GPU: where it reaches "ms", the row is
-host-bound and its ratio depends on the CPU as much as on the kernels.
+(recompute on, graphs off) sorted by time. --host-profile adds the same step's host-side
+Python functions by own time (cProfile). --host-sample attaches py-spy (``--native``) to this
+process while that step runs back to back: Python and native frames (custom-op dispatch,
+autograd's device thread, Triton's launcher: what cProfile cannot see into) by own samples.
+py-spy is a binary on PATH; a machine without network gets it from a wheel carried along
+(one wheel serves every Python 3): ``pip download py-spy --only-binary=:all: -d
+benchmarks/wheels/`` here (ignored by git), then there ``pip install --no-index --target
+/tmp/py-spy benchmarks/wheels/py_spy-*.whl`` and ``PATH=/tmp/py-spy/bin:$PATH``. Without it
+the option says so in one line and the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
 import time
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.inspection import format_table
+from nvfp4_inductor.numerics import columnwise_capacity
 
 from fake_quant import fake_quant_mlp
 
@@ -36,7 +85,17 @@ SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
     "S1": (8, 16384, 4096, 2048, False),
     "S2": (8, 65536, 4096, 4096, False),
     "S3": (32, 32768, 2048, 768, True),
+    "S4": (128, 65536, 2048, 768, True),
+    "tiny": (4, 256, 64, 64, True),  # the CPU smoke run
 }
+DEFAULT_SHAPES = {"cuda": ["S1", "S2", "S3", "S4"], "cpu": ["tiny"]}
+COPY_BYTES = {"cuda": 2**30, "cpu": 2**24}  # the copy whose rate the floor charges bytes at
+
+BASELINE = "bf16 compiled (baseline)"
+OURS = "nvfp4 compiled, recompute"
+EXTRA = {"eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D", "fake-quant": "fake-quant, stock Inductor"}
+HEADERS = ["shape", "act", "implementation", "graphs", "vs", "time/vs", "ms", "TFLOP/s", "floor ms", "floor/vs",
+           "peak GiB", "peak/bf16", "saved MiB", "saved/bf16", "host ms", "first s", "first/vs", "note"]
 
 
 def routing(experts, tokens, uneven, device):
@@ -70,6 +129,65 @@ def nvfp4_mlp(activation):
     return run
 
 
+def variants(activation, graphs: bool, compiler: str, extra) -> dict:
+    """name -> step function for one activation: the baseline and ours, then the `extra` rows
+    (graphs off only). Graphs on: torch.compile's mode="reduce-overhead" for both; the nvfp4
+    backend hands the mode to Inductor as stock Inductor takes it (compiler/backend.py
+    check_mode). dynamic=False: one static compile per shape, as a fresh process would make."""
+    mode = "reduce-overhead" if graphs else None
+    out = {
+        BASELINE: torch.compile(bf16_mlp(activation), backend=compiler, mode=mode, dynamic=False),
+        OURS: torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True, compiler=compiler), mode=mode,
+                            dynamic=False),
+    }
+    if graphs:
+        return out
+    builders = {
+        "eager": lambda: nvfp4_mlp(activation),
+        "save-D": lambda: torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False, compiler=compiler),
+                                        dynamic=False),
+        "fake-quant": lambda: torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c)), backend=compiler,
+                                            dynamic=False),
+    }
+    for key in extra:
+        out[EXTRA[key]] = builders[key]()
+    return out
+
+
+def make_inputs(experts, tokens, hidden, ffn, f1, uneven, device):
+    """(x, w1, w2, sizes, probs), dY. The weights are nn.Parameters, so Inductor's CUDA graph
+    trees treat them as static (no copy per replay), as they do a model's weights."""
+    sizes = routing(experts, tokens, uneven, device)
+    x = torch.randn(tokens, hidden, device=device).bfloat16().requires_grad_()
+    w1 = torch.nn.Parameter((torch.randn(experts, f1, hidden, device=device) * hidden**-0.5).bfloat16())
+    w2 = torch.nn.Parameter((torch.randn(experts, hidden, ffn, device=device) * ffn**-0.5).bfloat16())
+    probs = torch.rand(tokens, device=device).requires_grad_()
+    grad = torch.randn(tokens, hidden, device=device).bfloat16()
+    return (x, w1, w2, sizes, probs), grad
+
+
+def sync(device) -> None:
+    """Wait for the GPU (nothing to wait for on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_ms(fn, device, warmup=50, rep=300) -> float:
+    """Median ms of fn: triton.testing.do_bench on CUDA (warm-up, L2 flushed, CUDA events);
+    on the CPU, where do_bench cannot run, a perf_counter median of 5 calls after one."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    fn()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
 def saved_bytes(fn, args) -> int:
     storages = {}
 
@@ -82,62 +200,173 @@ def saved_bytes(fn, args) -> int:
     return sum(storages.values())
 
 
-def training_step(fn, args, grad):
-    """One forward + backward of `fn` on (x, w1, w2, sizes, probs): the step every row times."""
+def training_step(fn, args, grad, graphs=False):
+    """One forward + backward of `fn` on (x, w1, w2, sizes, probs): the step every row times.
+    With graphs, each step first tells Inductor's CUDA graph trees that a new iteration
+    begins (cudagraph_mark_step_begin), as torch asks of loops that do not end each
+    iteration with a plain backward; the trees may then overwrite the previous step's graph
+    outputs, which no step reads."""
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         y = fn(*args)
         torch.autograd.grad(y, (args[0], args[1], args[2], args[4]), grad)
 
     return step
 
 
-def measure(fn, args, grad):
-    from triton.testing import do_bench
+class Measured(NamedTuple):
+    """One row's measurements; ms first (benchmarks/blackwell_check.py unpacks it)."""
 
-    step = training_step(fn, args, grad)
+    ms: float
+    peak: Optional[int]  # bytes; None where not measured (CPU, graphs on)
+    saved: Optional[int]  # bytes; None with graphs on
+    host: float
+    first_s: float
+    graphs_skipped: bool
+
+
+def measure(fn, args, grad, device="cuda", graphs=False) -> Measured:
+    """Time, memory and host time of `fn`'s training step. Peak and saved bytes with graphs
+    off only: replays bypass the caching allocator, and what a step saves does not depend on
+    how it is launched. A graphs-on row whose Inductor counted a CUDA-graph skip says so."""
+    step = training_step(fn, args, grad, graphs)
+    skips = counters["inductor"]["cudagraph_skips"]
     start = time.perf_counter()
     step()  # compile / warm up
-    torch.cuda.synchronize()
-    print(f"  first step (compile, warm-up) {time.perf_counter() - start:.0f} s", flush=True)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    step()
-    peak = torch.cuda.max_memory_allocated() - base
-    ms = do_bench(step, warmup=50, rep=300, return_mode="median")
-    return ms, peak, saved_bytes(fn, args), host_ms(step)
+    sync(device)
+    first_s = time.perf_counter() - start
+    peak = saved = None
+    if device == "cuda" and not graphs:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        peak = torch.cuda.max_memory_allocated() - base
+    if not graphs:
+        saved = saved_bytes(fn, args)
+    ms = bench_ms(step, device)
+    host = host_ms(step, device)
+    return Measured(ms, peak, saved, host, first_s, counters["inductor"]["cudagraph_skips"] > skips)
 
 
-def host_ms(step, steps=5) -> float:
+def host_ms(step, device, steps=5) -> float:
     """Host time to enqueue one step: steps run back to back without a sync, so the CPU
     does not wait for the GPU as long as their launches fit in the launch queue (~1000
     deep): true of the NVFP4 and BF16 rows (~40 launches a step). The fake-quant row's
     figure came out at ~0.8x its GPU time (runs E10, E11): read it as "the host waited",
     not as host time (unverified: its launch count was not taken). A step whose host time
-    reaches its GPU time is host-bound."""
-    torch.cuda.synchronize()
+    reaches its GPU time is host-bound. With graphs on, a step is the graph trees' replays."""
+    sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
     elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
+    sync(device)
     return elapsed / steps * 1e3
 
 
-def host_breakdown(fn, args, grad, steps=20, top=16):
+# ---------------------------------------------------------------------------------------
+# the floor: BF16 GEMMs + NVFP4 quantization bytes at copy speed
+
+NVFP4_BYTES = 0.5 + 1 / 16  # per element of an NVFP4 copy: E2M1 code + one E4M3 scale per 16
+
+
+def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
+    """Bytes read + written by every cast, amax pass and dequantization of one compiled NVFP4
+    training step: recompute on, the Triton target with its fused fc1 (+ amax) and fc2-dgrad
+    kernels, as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
+    forward amax x, W1, W2; casts x, W1, W2 (row + column), D (row only); dequantize x, W1, D,
+    W2 row-wise. Backward amax dY, dC; casts dY, dC (row + column, SR), the regenerated D
+    (column only, the forward's amax); dequantize dY, D, dC, x column-wise and dY, dC, W2, W1
+    for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py checks this sum against the
+    tensors those launches read and write.
+
+    Counted: a pass over a bf16 source reads 2 bytes per element; a cast writes each copy
+    (NVFP4_BYTES per element); a dequantization reads a copy and writes its bf16 twin (2 bytes
+    per element). Token tensors' column-wise copies span P = columnwise_capacity(T, G) tokens
+    (numerics.md 5.1). Not counted: the GEMMs and their fused epilogues (the BF16 GEMM time
+    stands for them, though the epilogues also write D and read C), per-expert amaxes,
+    offsets and seeds (bytes per expert), the zero fill of column-wise padding."""
+    padded = columnwise_capacity(tokens, experts)
+
+    def dequant(n):
+        return n * (NVFP4_BYTES + 2)
+
+    total = 0.0
+    for k in (hidden, hidden, f1):  # x, dY, dC: amax, row + column cast, both copies dequantized
+        row, col = tokens * k, padded * k
+        total += 2 * row + 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
+    for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast, both dequantized
+        total += 2 * n + 2 * n + 2 * NVFP4_BYTES * n + 2 * dequant(n)
+    row, col = tokens * ffn, padded * ffn  # D: row-only cast (forward), column-only cast (backward)
+    total += 2 * row + NVFP4_BYTES * row + dequant(row) + 2 * row + NVFP4_BYTES * col + dequant(col)
+    return total
+
+
+def copy_rate(device) -> float:
+    """Bytes per ms (read + written) of a large device-to-device copy in this process: the
+    rate the floor charges quantization bytes at (the casts' own ceiling, benchmarks/quantize.py)."""
+    src = torch.empty(COPY_BYTES[device] // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), device, warmup=25, rep=100)
+    return 2 * src.nbytes / ms
+
+
+def bf16_gemm_ms(experts, tokens, hidden, ffn, f1, sizes, device) -> float:
+    """The six torch._grouped_mm of a BF16 step alone, in the layouts autograd calls them with
+    (forward a @ W^T; dgrad g @ W; wgrad g^T @ a over each expert's tokens), fc1 and fc2, on
+    random bf16 operands: the GEMM part of the floor."""
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+    gemms = [(rand(tokens, hidden), rand(experts, f1, hidden), rand(tokens, f1)),  # x, W1, dC
+             (rand(tokens, ffn), rand(experts, hidden, ffn), rand(tokens, hidden))]  # D, W2, dY
+
+    def run():
+        for a, w, g in gemms:
+            torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+            torch._grouped_mm(g, w, offs=offs)
+            torch._grouped_mm(g.t(), a, offs=offs)
+
+    return bench_ms(run, device, warmup=25, rep=100)
+
+
+@dataclasses.dataclass
+class Floor:
+    """What NVFP4 on SM90 cannot go below: it runs the same six GEMMs on bf16 operands (no
+    FP4 tensor cores) and must move its quantization bytes at best at copy speed."""
+
+    gemm_ms: float
+    quant_bytes: float
+    ms: float
+
+
+def floor(experts, tokens, hidden, ffn, f1, sizes, device, bytes_per_ms) -> Floor:
+    """The floor of one shape and activation, with this routing and the measured copy rate."""
+    gemm = bf16_gemm_ms(experts, tokens, hidden, ffn, f1, sizes, device)
+    nbytes = quant_bytes(experts, tokens, hidden, ffn, f1)
+    return Floor(gemm, nbytes, gemm + nbytes / bytes_per_ms)
+
+
+# ---------------------------------------------------------------------------------------
+# where the time goes (--profile, --host-profile, --host-sample)
+
+def host_breakdown(step, device, steps=20, top=16):
     """Where the host time of a step goes: cProfile over `steps` steps, functions by own time."""
     import cProfile
     import pstats
 
-    step = training_step(fn, args, grad)
     step()
-    torch.cuda.synchronize()
+    sync(device)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
         step()
     profiler.disable()
-    torch.cuda.synchronize()
+    sync(device)
     stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, prim, own s, cum s, callers)
     entries = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     rows = [[f"{name} ({file.rsplit('/', 2)[-2] + '/' + file.rsplit('/', 1)[-1] if '/' in file else file}:{line})"[:70],
@@ -148,14 +377,10 @@ def host_breakdown(fn, args, grad, steps=20, top=16):
         f"\nhost total {total:.3f} ms/step (under cProfile, which inflates call-heavy code)"
 
 
-_SKIPPABLE = {"fake-quant": "fake-quant, stock Inductor", "eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D"}
-
-
-def kernel_breakdown(fn, args, grad, top=14):
+def kernel_breakdown(step, top=14):
     """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = training_step(fn, args, grad)
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -170,58 +395,181 @@ def kernel_breakdown(fn, args, grad, top=14):
     return format_table(["kernel", "calls/step", "ms/step", "share"], rows) + f"\ntotal {total / 1e3:.3f} ms/step"
 
 
-def main():
+def _let_children_trace_us() -> None:
+    """Under Yama ptrace_scope 1 (a common default) a process may trace only its descendants;
+    py-spy is our child attaching to us, so allow it (prctl PR_SET_PTRACER_ANY). Where prctl
+    is missing there is nothing to allow, and py-spy reports any refusal itself."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(2**64 - 1), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def own_samples(raw: str) -> collections.Counter:
+    """py-spy's raw (collapsed) stacks, "frame;frame;... count" per line -> samples per leaf
+    frame, line numbers dropped (one row per function) and unnamed native addresses as "?"."""
+    own = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            leaf = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])
+            own[re.sub(r"^0x[0-9a-f]+ ", "? ", leaf)] += int(count)
+    return own
+
+
+def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=20) -> str:
+    """Own-time table of `step` run back to back under py-spy --native (the binary `py_spy`),
+    attached to this process after the step is compiled and warm: only steady-state steps
+    are sampled, from every thread (the backward runs on autograd's device thread)."""
+    _let_children_trace_us()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "stacks.txt")
+        proc = subprocess.Popen([py_spy, "record", "--pid", str(os.getpid()), "--native", "--format", "raw", "--rate",
+                                 str(rate), "--duration", str(seconds), "--output", out],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        steps, deadline = 0, time.monotonic() + seconds + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            step()
+            steps += 1
+        sync(device)
+        if proc.poll() is None:
+            proc.kill()
+        log = proc.communicate()[0]
+        if proc.returncode != 0 or not os.path.exists(out):
+            return f"host sample: py-spy failed (exit {proc.returncode}): {log.strip()[-400:]}"
+        with open(out) as f:
+            own = own_samples(f.read())
+    total = sum(own.values()) or 1
+    rows = [[frame[:90], str(n), f"{100 * n / total:.1f}%"] for frame, n in own.most_common(top)]
+    return format_table(["frame (own samples, all threads)", "samples", "share"], rows) + \
+        f"\n{total} samples at {rate} Hz over {seconds} s, {steps} steps run meanwhile"
+
+
+# ---------------------------------------------------------------------------------------
+# rows
+
+def _ratio(value, base) -> str:
+    return f"{value / base:.2f}" if value is not None and base else "-"
+
+
+def _fmt(value, spec, scale=1.0) -> str:
+    return "-" if value is None else format(value / scale, spec)
+
+
+def table_row(shape, activation, name, graphs, m: Measured, base: Optional[Measured], mem_base: Optional[Measured],
+              flops, fl: Floor) -> list[str]:
+    """One table row; ratios against `base` (the BF16 row of the same graphs setting) and, for
+    memory, `mem_base` (the BF16 graphs-off row)."""
+    ours = name.startswith("nvfp4")
+    note = "graphs skipped" if graphs and m.graphs_skipped else ""
+    return [shape, activation, name, "on" if graphs else "off", f"bf16 {'on' if graphs else 'off'}",
+            _ratio(m.ms, base and base.ms), f"{m.ms:.2f}", f"{flops / m.ms / 1e9:.0f}",
+            f"{fl.ms:.2f}" if ours else "-", _ratio(fl.ms if ours else None, base and base.ms),
+            _fmt(m.peak, ".2f", 2**30), _ratio(m.peak, mem_base and mem_base.peak),
+            _fmt(m.saved, ".0f", 2**20), _ratio(m.saved, mem_base and mem_base.saved),
+            f"{m.host:.2f}", f"{m.first_s:.1f}", _ratio(m.first_s, base and base.first_s), note]
+
+
+def failed_row(shape, activation, name, graphs, error) -> list[str]:
+    row = [shape, activation, name, "on" if graphs else "off"] + ["-"] * (len(HEADERS) - 5)
+    return row + [f"failed: {type(error).__name__}: {error}"[:100].replace("\n", " ")]
+
+
+def run_case(shape, activation, opts, bytes_per_ms, clock):
+    """Yields every row of one shape and activation, graphs off then on, each printed when
+    done (a generator, so an interrupted case keeps its finished rows)."""
+    experts, tokens, hidden, ffn, uneven = SHAPES[shape]
+    f1 = 2 * ffn if activation == "swiglu" else ffn
+    flops = 3 * 2 * tokens * hidden * (f1 + ffn)  # fwd + dgrad + wgrad of both GEMMs
+    args, grad = make_inputs(experts, tokens, hidden, ffn, f1, uneven, opts.device)
+    fl = floor(experts, tokens, hidden, ffn, f1, args[3], opts.device, bytes_per_ms)
+    clock(f"{shape} {activation} floor: bf16 GEMMs {fl.gemm_ms:.2f} ms + {fl.quant_bytes / 2**20:.0f} MiB "
+          f"quantization bytes at copy rate = {fl.ms:.2f} ms")
+    mem_base = None
+    for graphs in opts.graphs:
+        base = None
+        for name, fn in variants(activation, graphs, opts.compiler, opts.extra).items():
+            try:
+                m = measure(fn, args, grad, opts.device, graphs)
+            except Exception as error:  # a failing variant is reported, not hidden
+                row = failed_row(shape, activation, name, graphs, error)
+                clock(" | ".join(row))
+                yield row
+                continue
+            if name == BASELINE:
+                base = m
+                mem_base = m if not graphs else mem_base
+            row = table_row(shape, activation, name, graphs, m, base, mem_base, flops, fl)
+            clock(" | ".join(row))  # progress: a cut-off run still reports
+            yield row
+            if name == OURS and not graphs:
+                profile_ours(fn, args, grad, opts)
+
+
+def profile_ours(fn, args, grad, opts) -> None:
+    """--profile, --host-profile, --host-sample on our compiled step (graphs off)."""
+    step = training_step(fn, args, grad)
+    if opts.profile:
+        print(kernel_breakdown(step) if opts.device == "cuda" else "--profile: GPU kernels need CUDA; skipped",
+              flush=True)
+    if opts.host_profile:
+        print(host_breakdown(step, opts.device), flush=True)
+    if opts.py_spy:
+        print(host_sample(step, opts.device, opts.py_spy), flush=True)
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="default: S1-S4 on cuda, tiny on cpu")
+    parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"], choices=["srelu", "swiglu"])
+    parser.add_argument("--graphs", nargs="+", default=["off", "on"], choices=["off", "on"],
+                        help="CUDA graphs (mode='reduce-overhead') off, on, or both")
+    parser.add_argument("--extra", nargs="*", default=[], choices=sorted(EXTRA),
+                        help="more rows, graphs off (each compile costs device time)")
     parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
     parser.add_argument("--host-profile", action="store_true",
                         help="print where the host time of a compiled NVFP4 step goes (cProfile)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=sorted(_SKIPPABLE),
-                        help="rows to leave out (each compile costs device time); the baseline always runs")
-    args_ns = parser.parse_args()
-    device = "cuda"
+    parser.add_argument("--host-sample", action="store_true",
+                        help="print a py-spy --native own-time table of compiled NVFP4 steps (needs py-spy)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"],
+                        help="what compiles every row (aot_eager: a fast CPU smoke run)")
+    opts = parser.parse_args(argv)
+    opts.shapes = opts.shapes or DEFAULT_SHAPES[opts.device]
+    opts.graphs = [g == "on" for g in opts.graphs]
+    if True in opts.graphs and opts.device == "cpu":
+        print("note: CUDA graphs need a GPU; graphs-on rows skipped on the CPU", flush=True)
+        opts.graphs = [g for g in opts.graphs if not g]
+    if True in opts.graphs and opts.compiler != "inductor":
+        parser.error("--graphs on needs --compiler inductor (CUDA graphs are an Inductor mode)")
+    return opts
+
+
+def main(argv=None) -> list[list[str]]:
+    """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
+    opts = parse_args(argv)
+    start = time.perf_counter()
+
+    def clock(line):
+        print(f"[{time.perf_counter() - start:5.0f} s] {line}", flush=True)
+
+    opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
+    if opts.host_sample and not opts.py_spy:
+        clock("--host-sample: py-spy not found on PATH; no host samples (the module docstring says how to carry it)")
+    bytes_per_ms = copy_rate(opts.device)
+    clock(f"copy rate {bytes_per_ms / 1e6:.1f} GB/s (read + write of {COPY_BYTES[opts.device] / 2**20:.0f} MiB)")
     rows = []
-    for shape in args_ns.shapes:
-        experts, tokens, hidden, ffn, uneven = SHAPES[shape]
-        for activation in args_ns.activations:
-            f1 = 2 * ffn if activation == "swiglu" else ffn
-            sizes = routing(experts, tokens, uneven, device)
-            x = torch.randn(tokens, hidden, device=device).bfloat16().requires_grad_()
-            w1 = (torch.randn(experts, f1, hidden, device=device) * hidden**-0.5).bfloat16().requires_grad_()
-            w2 = (torch.randn(experts, hidden, ffn, device=device) * ffn**-0.5).bfloat16().requires_grad_()
-            probs = torch.rand(tokens, device=device).requires_grad_()
-            grad = torch.randn(tokens, hidden, device=device).bfloat16()
-            flops = 3 * 2 * tokens * hidden * (f1 + ffn)  # fwd + dgrad + wgrad of both GEMMs
-            variants = {  # fake-quant last: its compile is the longest
-                "bf16 compiled (baseline)": torch.compile(bf16_mlp(activation)),
-                "nvfp4 eager": nvfp4_mlp(activation),
-                "nvfp4 compiled, recompute": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=True)),
-                "nvfp4 compiled, save D": torch.compile(nvfp4_mlp(activation), backend=nv.backend(recompute=False)),
-                "fake-quant, stock Inductor": torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c))),
-            }
-            for key in args_ns.skip:
-                variants.pop(_SKIPPABLE[key])
-            base_ms = base_saved = None
-            for name, fn in variants.items():
-                try:
-                    ms, peak, saved, host = measure(fn, (x, w1, w2, sizes, probs), grad)
-                except Exception as error:  # a failing variant is reported, not hidden
-                    rows.append([shape, activation, name, f"failed: {type(error).__name__}: {error}"[:80]])
-                    continue
-                base_ms = base_ms or ms
-                base_saved = base_saved or saved
-                rows.append([shape, activation, name, f"{ms / base_ms:.2f}", f"{ms:.2f}",
-                             f"{flops / ms / 1e9:.0f}", f"{peak / 2**30:.2f}", f"{saved / 2**20:.0f}",
-                             f"{saved / base_saved:.2f}", f"{host:.2f}"])
-                print(" | ".join(rows[-1]), flush=True)  # progress: a cut-off run still reports
-                if args_ns.profile and name == "nvfp4 compiled, recompute":
-                    print(kernel_breakdown(fn, (x, w1, w2, sizes, probs), grad), flush=True)
-                if args_ns.host_profile and name == "nvfp4 compiled, recompute":
-                    print(host_breakdown(fn, (x, w1, w2, sizes, probs), grad), flush=True)
-            torch._dynamo.reset()
-    print(format_table(["shape", "act", "implementation", "time/bf16", "ms", "TFLOP/s", "peak GiB",
-                        "saved MiB", "saved/bf16", "host ms"], rows))
+    try:
+        for shape in opts.shapes:
+            for activation in opts.activations:
+                rows.extend(run_case(shape, activation, opts, bytes_per_ms, clock))
+                torch._dynamo.reset()  # the next shape compiles afresh (and the graph trees' memory goes)
+    except KeyboardInterrupt:  # timeout -s INT: keep what was measured
+        clock("interrupted; the rows measured so far:")
+    print(format_table(HEADERS, rows), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

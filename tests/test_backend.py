@@ -291,6 +291,40 @@ def test_options_reach_the_backend():
         BackendOptions.parse({"recipe": "tensor-engine"})
 
 
+def test_compile_mode_is_checked():
+    """torch.compile hands a custom backend its mode unchecked: the backend checks it."""
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown torch.compile mode 'fast'"):
+        torch.compile(lambda t: t + 1, backend=nv.backend(), mode="fast")(torch.ones(2))
+    with pytest.raises(Exception, match="compiler='aot_eager' would ignore it"):
+        torch.compile(lambda t: t + 2, backend=nv.backend(compiler="aot_eager"), mode="reduce-overhead")(torch.ones(2))
+
+
+def test_reduce_overhead_mode_reaches_inductor():
+    """``mode="reduce-overhead"`` turns on Inductor's CUDA graphs (``triton.cudagraphs``)
+    through the backend: Inductor counts a CUDA-graph skip for this CPU graph, which it does
+    only with the option on (none without the mode). The CPU run stays correct: forward and
+    gradients equal the eager chain's, bit for bit, with the same seed."""
+    from torch._dynamo.utils import counters
+
+    mlp, (x, sizes, p) = _grouped_mlp_model("srelu", probs=True)
+
+    def step(fn):
+        torch.manual_seed(1)
+        xg = x.detach().requires_grad_()
+        y = fn(xg, sizes, p)
+        y.backward(torch.ones_like(y))
+        return y, xg.grad
+
+    eager = step(mlp)
+    for mode, skips in ((None, 0), ("reduce-overhead", 1)):
+        torch._dynamo.reset()
+        before = counters["inductor"]["cudagraph_skips"]
+        compiled = step(torch.compile(mlp, backend=nv.backend(), mode=mode))
+        assert counters["inductor"]["cudagraph_skips"] - before == skips, mode
+        assert all(torch.equal(a, b) for a, b in zip(compiled, eager)), mode
+
+
 @pytest.mark.parametrize("first", ["nothing", "import", "list_backends"])
 def test_registered_by_name_in_a_fresh_process(first):
     setup = {"nothing": "", "import": "import nvfp4_inductor", "list_backends": "torch._dynamo.list_backends()"}[first]

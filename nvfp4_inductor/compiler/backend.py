@@ -126,13 +126,33 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     return record
 
 
+def check_mode(mode: Optional[str], options: BackendOptions) -> None:
+    """torch.compile hands a custom backend its ``mode`` unchecked (stock Inductor checks
+    its own); here it is one of Inductor's modes, and only where Inductor compiles:
+    ``compiler="aot_eager"`` would drop it silently (no CUDA graphs, no autotuning)."""
+    if mode is None:
+        return
+    from torch._inductor import list_mode_options
+
+    if mode not in list_mode_options():
+        raise ValueError(f"unknown torch.compile mode {mode!r} for the nvfp4 backend; valid modes are "
+                         f"{sorted(list_mode_options())}")
+    if options.compiler != "inductor":
+        raise ValueError(f"torch.compile mode {mode!r} configures Inductor; the nvfp4 backend's "
+                         f"compiler={options.compiler!r} would ignore it")
+
+
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
+    check_mode(mode, options)
     rewrite_graph(gm, options)
     return compile_rewritten(gm, example_inputs, options, mode=mode)
 
 
 def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
-    """The rewritten graph through ``options.compiler``: Inductor, or AOTAutograd alone."""
+    """The rewritten graph through ``options.compiler``: Inductor, or AOTAutograd alone.
+    ``mode`` (torch.compile's) becomes Inductor config patches as for ``backend="inductor"``:
+    "reduce-overhead" sets ``triton.cudagraphs`` (CUDA graph trees; Inductor skips them for
+    graphs on the CPU). compile_fx applies the patches to the backward's compile too."""
     if options.compiler == "aot_eager":
         from torch._dynamo.backends.debugging import aot_eager_default_partitioner
 
@@ -152,7 +172,11 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
 
 def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor"):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
-    Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them."""
+    Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
+    torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
+    runs the compiled graphs under CUDA graph trees, as with stock Inductor. Caveat: the
+    fused ops draw stochastic-rounding seeds on the host, so a graph replays the seeds drawn
+    when it was recorded (the same SR bits every step) until seeds are drawn on the device."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):

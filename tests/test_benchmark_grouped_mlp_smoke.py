@@ -1,0 +1,117 @@
+"""CPU smoke test of benchmarks/grouped_mlp.py, the "Hopper speed" issue's benchmark, which
+runs once per device call on the H200 and must not fail there on something a CPU can catch:
+its main at the tiny shape (compiler="aot_eager") gives every row with finite numbers; the
+floor's byte model equals the bytes the Triton lowering's casts, amax passes and
+dequantizations read and write; the py-spy output parser; the option checks."""
+
+import collections
+import importlib
+import math
+import os
+import pkgutil
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import grouped_mlp as gm  # noqa: E402
+
+NUMBERS = ["time/vs", "ms", "TFLOP/s", "saved MiB", "saved/bf16", "host ms", "first s", "first/vs"]
+
+
+def _cells(row):
+    assert len(row) == len(gm.HEADERS), row
+    return dict(zip(gm.HEADERS, row))
+
+
+def _finite(text):
+    return math.isfinite(float(text))
+
+
+def test_main_on_cpu_gives_every_row_with_finite_numbers(capsys):
+    rows = gm.main(["--device", "cpu", "--shapes", "tiny", "--compiler", "aot_eager", "--host-profile",
+                    "--host-sample"])
+    out = capsys.readouterr().out
+    assert "graphs-on rows skipped on the CPU" in out
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("tiny", act, name, "off") for act in ("srelu", "swiglu") for name in (gm.BASELINE, gm.OURS)]
+    for row in rows:
+        cells = _cells(row)
+        assert cells["note"] == "" and cells["vs"] == "bf16 off", cells
+        assert all(_finite(cells[c]) for c in NUMBERS), cells
+        assert cells["peak GiB"] == "-"  # no allocator statistics on the CPU
+        if cells["implementation"] == gm.OURS:
+            assert float(cells["floor ms"]) > 0 and _finite(cells["floor/vs"]), cells
+        else:
+            assert cells["time/vs"] == cells["saved/bf16"] == cells["first/vs"] == "1.00", cells
+    assert out.count("floor: bf16 GEMMs") == 2
+    assert out.count("function (own time)") == 2  # --host-profile, once per activation
+    assert out.count("py-spy not found on PATH") == 1 or out.count("samples at 200 Hz") == 2
+    assert out.rstrip().splitlines()[-len(rows) - 2].split() == " ".join(gm.HEADERS).split()  # the table, last
+
+
+def test_extra_rows_on_cpu():
+    rows = gm.main(["--device", "cpu", "--shapes", "tiny", "--compiler", "aot_eager", "--activations", "srelu",
+                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant"])
+    assert [r[2] for r in rows] == [gm.BASELINE, gm.OURS, gm.EXTRA["eager"], gm.EXTRA["save-D"],
+                                    gm.EXTRA["fake-quant"]]
+    for row in rows:
+        cells = _cells(row)
+        assert cells["note"] == "" and all(_finite(cells[c]) for c in NUMBERS), cells
+        assert (cells["floor ms"] != "-") == cells["implementation"].startswith("nvfp4"), cells
+
+
+def test_graphs_need_inductor_and_cpu_skips_them(capsys):
+    with pytest.raises(SystemExit):
+        gm.parse_args(["--compiler", "aot_eager"])  # cuda, graphs on by default
+    assert "--graphs on needs --compiler inductor" in capsys.readouterr().err
+    opts = gm.parse_args(["--device", "cpu"])
+    assert opts.graphs == [False] and opts.shapes == ["tiny"]
+    assert gm.parse_args([]).graphs == [False, True] and gm.parse_args([]).shapes == ["S1", "S2", "S3", "S4"]
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_quant_bytes_equal_the_triton_launches(activation, use_steps, monkeypatch):
+    """gm.quant_bytes against the fused ops on the Triton steps with every fused kernel (the
+    H200's plan), launches recorded instead of run: the bytes of each cast's source and the
+    copies it writes (not the pointers a row-only or column-only cast passes as placeholders),
+    of each amax pass's source, and of each dequantization's copy and bf16 output."""
+    import nvfp4_inductor.kernels as kernels
+    from host_overhead import fused_step
+    from nvfp4_inductor.lowerings.triton import STEPS as TRITON
+
+    moved = collections.Counter()
+
+    def record(kernel, grid, **kw):
+        name = kernel.__name__
+        if name == "_group_amax_kernel":
+            moved[name] += kw["x_ptr"].nbytes
+        elif name == "_dequantize_kernel":
+            moved[name] += kw["data_ptr"].nbytes + kw["scale_ptr"].nbytes + kw["out_ptr"].nbytes
+        elif name == "_group_cast_kernel":
+            source = kw["x_ptr"]
+            copies = [kw[k] for k in ("row_data_ptr", "row_scale_ptr", "col_word_ptr", "col_scale_ptr")]
+            moved[name] += source.nbytes + sum(c.nbytes for c in copies if c.data_ptr() != source.data_ptr())
+
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        if hasattr(module, "launch"):
+            monkeypatch.setattr(module, "launch", record)
+    target = use_steps(TRITON, like="triton").name
+    g, t, h, f, _ = gm.SHAPES["tiny"]
+    f1 = 2 * f if activation == "swiglu" else f
+    sizes = torch.tensor([100, 50, 0, 106])
+    x, dy = torch.empty(t, h, dtype=torch.bfloat16), torch.empty(t, h, dtype=torch.bfloat16)
+    w1, w2 = torch.empty(g, f1, h, dtype=torch.bfloat16), torch.empty(g, h, f, dtype=torch.bfloat16)
+    fused_step(x, w1, w2, sizes, torch.rand(t), dy, activation, None, True, target)
+    assert set(moved) == {"_group_amax_kernel", "_dequantize_kernel", "_group_cast_kernel"}
+    assert sum(moved.values()) == gm.quant_bytes(g, t, h, f, f1), dict(moved)
+
+
+def test_own_samples_reads_py_spy_raw_stacks():
+    raw = ("0x7f01 (libc.so.6);main (grouped_mlp.py:12);step (grouped_mlp.py:40) 7\n"
+           "0x7f01 (libc.so.6);main (grouped_mlp.py:12);step (grouped_mlp.py:41) 3\n"
+           "0x7f01 (libc.so.6);main (grouped_mlp.py:12);0x7f0badc0de (libcuda.so.1) 5\n"
+           "\n")
+    assert gm.own_samples(raw) == {"step (grouped_mlp.py)": 10, "? (libcuda.so.1)": 5}
