@@ -15,8 +15,7 @@ Columns:
                        of the same graphs setting). Weights are nn.Parameters (static under the
                        graph trees, as in training); x, probs and dY are copied into the graphs'
                        input buffers each replay, for BF16 and NVFP4 alike. NVFP4 graph
-                       replays reuse the SR seeds drawn at recording (host-drawn seeds): the
-                       time is the real one, the rounding noise repeats.
+                       replays draw fresh SR seeds on the device (tests/test_gpu_cudagraphs.py).
   ms, TFLOP/s          forward + backward, median of triton.testing.do_bench on random data;
                        6 * T * H * (F1 + F) flops for every row.
   floor ms, floor/vs   (NVFP4 rows) the six BF16 grouped GEMMs of the step timed alone, plus the

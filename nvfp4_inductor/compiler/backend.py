@@ -174,9 +174,8 @@ def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
-    runs the compiled graphs under CUDA graph trees, as with stock Inductor. Caveat: the
-    fused ops draw stochastic-rounding seeds on the host, so a graph replays the seeds drawn
-    when it was recorded (the same SR bits every step) until seeds are drawn on the device."""
+    runs the compiled graphs under CUDA graph trees, as with stock Inductor; each replay
+    draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
