@@ -4,9 +4,19 @@
 Status: nothing here has run on a Blackwell GPU. The step table is wired for
 the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
 over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
-Triton kernels). Until a run on SM100 has checked it, the probe refuses
-(``STEP_TABLE_READY``) and the policy passes the target over; ``check_target`` registers
-it explicitly (benchmarks/blackwell_check.py). What is here:
+Triton kernels). The kernels' fused epilogues compute something other than our unfused
+steps (the activation on the fp32 accumulator: docs/numerics.md section 7), so on this
+target "eager" means the plan's fused kernels (the eager chain runs them too, and compiled
+== eager holds bitwise), and D is not regenerable from the saved C (``fused_d_from_stored_c``
+False: rule 5 saves D's column-wise copy).
+
+Until a run on SM100 has checked it, the probe refuses (``STEP_TABLE_READY``) and the
+policy passes the target over; ``check_target`` registers it explicitly
+(benchmarks/blackwell_check.py). The guard stays: the simulator is written from the
+wrappers' documented contract, so CI proves our wiring against that contract only; whether
+the real wrappers take our layouts (the 128x4 scale swizzle, the 256-row expert padding,
+the GLU interleave) and keep their contract is what a real run must show first. What is
+here:
 
 * where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
   wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
@@ -74,9 +84,10 @@ N_ALIGNMENT = 64  # N % 64 == 0 for every fused wrapper (GLU: 2 x 32-column bloc
 GLU_INTERLEAVE = 32  # gate/up alternate in 32-row blocks of W1 (32-column blocks of C)
 MAX_EXPERTS = 1024
 
-# The step table is wired to the wrappers but checked only against the CPU simulator: until
-# a run on an SM100 GPU has checked it (benchmarks/blackwell_check.py), the probe refuses, so
-# no plan names this target on a real device unless check_target registers it.
+# The step table is wired to the wrappers but checked only against the CPU simulator (the
+# wrappers' documented contract, not the kernels): until a run on an SM100 GPU has checked it
+# (benchmarks/blackwell_check.py), the probe refuses, so no plan names this target on a real
+# device unless check_target registers it.
 STEP_TABLE_READY = False
 
 Signatures = Mapping[str, Union[inspect.Signature, str]]
@@ -110,6 +121,7 @@ def capabilities_from_signatures(signatures: Signatures) -> Union[Capabilities, 
         fused_amax=True,
         fused_amax_activations=frozenset(amax_acts),
         fused_amax_takes_sign_mask=sign_mask_parameter(hadamard) is not None,
+        fused_d_from_stored_c=False,  # the epilogues read the fp32 alpha * acc (numerics.md 7, difference 1)
         dtypes=frozenset({torch.bfloat16}),
         alignment=N_ALIGNMENT,
     )
@@ -299,17 +311,16 @@ def check_target(name: str = "cudnn_check", fused: bool = True) -> Target:
 
 
 def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
-    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities 1.32's
-    signatures give restricted to what is wired: for tests (register it with
-    ``lowerings.registered``). `base`: the step table it borrows quantizers and wgrad from
-    (default: the reference's); `fused` False: no fused kernels (every step unfused)."""
+    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities the
+    probe reads from the simulator's signatures (1.32's) restricted to what is wired: for
+    tests (register it with ``lowerings.registered``). `base`: the step table it borrows
+    quantizers and wgrad from (default: the reference's); `fused` False: no fused kernels
+    (every step unfused)."""
     from . import cudnn_sim
     from .reference import STEPS as REFERENCE_STEPS
 
     steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
-    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True,
-                              fused_amax_activations=frozenset({"srelu", "swiglu"}),
-                              dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT), fused)
+    caps = wired(capabilities_from_signatures(read_signatures(cudnn_sim)), fused)
     return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
 
 

@@ -33,8 +33,9 @@ What the kernels compute that our contract (docs/numerics.md) does not:
    sqrt(A_a A_b) / 2688), gradients in the kernel's order (docstring of
    ``grouped_gemm_dglu_wrapper_sm100`` here);
 7. GEMM sums: the tensor core's order (here torch's fp32 matmul order);
-8. hence with the fused kernels, recompute on != off: the dsrelu kernel regenerates D from
-   the bf16 C, the fused forward made it from the fp32 C.
+8. hence D regenerated from the bf16 C (dsrelu's ``use_dsrelu_reuse``) is not the fused
+   forward's D, made from the fp32 C: the target's plans save D's column-wise copy instead
+   (docs/numerics.md section 6, rule 5).
 """
 
 from __future__ import annotations
