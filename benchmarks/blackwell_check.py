@@ -87,6 +87,13 @@ def check_steps(device) -> None:
         verdict(name, r_sim <= REL_TOL, detail)
 
     row(f"{cd.GEMM}: grouped GEMM", real.grouped_gemm(*dev), sim.grouped_gemm(*cpu), REFERENCE.grouped_gemm(*cpu))
+    xc = numerics.group_quantize_torch(x, sizes, rowwise=False, columnwise=True)
+    gc = numerics.group_quantize_torch(torch.randn(x.shape[0], 256, dtype=torch.bfloat16), sizes, rowwise=False,
+                                       columnwise=True)
+    wcpu = (gc.columnwise_data, gc.columnwise_scale, gc.columnwise_amax, xc.columnwise_data, xc.columnwise_scale,
+            xc.columnwise_amax, xc.columnwise_offsets)
+    row(f"{cd.WGRAD}: grouped wgrad", real.grouped_gemm_wgrad(*(t.to(device) for t in wcpu)),
+        sim.grouped_gemm_wgrad(*wcpu), REFERENCE.grouped_gemm_wgrad(*wcpu))
     c_ref = REFERENCE.grouped_gemm(*cpu)
     for act, clamp in (("srelu", None), ("tanh_srelu", 3.0), ("swiglu", None)):
         for want in ((False,) if act == "tanh_srelu" else (False, True)):

@@ -41,8 +41,9 @@ def test_simulator_signatures_equal_the_installed_frontends():
     for name in SIMULATED:
         real = inspect.signature(getattr(cudnn, name))
         sim = inspect.signature(getattr(cudnn_sim, name))
-        assert [(p.name, p.kind, p.default) for p in real.parameters.values()] == [
-            (p.name, p.kind, p.default) for p in sim.parameters.values()], name
+        # defaults by repr: the wgrad's input_order default is the frontend's enum, mirrored
+        assert [(p.name, p.kind, repr(p.default)) for p in real.parameters.values()] == [
+            (p.name, p.kind, repr(p.default)) for p in sim.parameters.values()], name
 
 
 def _operands(sizes=(10, 0, 30, 300), h=64, n=128, seed=0):
@@ -61,6 +62,35 @@ STEPS = cd.make_steps(cudnn_sim, R)
 def test_plain_gemm_is_the_references():
     args, _ = _operands()
     assert torch.equal(STEPS.grouped_gemm(*args), R.grouped_gemm(*args))
+
+
+def _wgrad_operands(sizes, m=64, n=160):
+    torch.manual_seed(0)
+    sizes = torch.tensor(sizes)
+    tokens = int(sizes.sum())
+    a = numerics.group_quantize_torch(torch.randn(tokens, m, dtype=torch.bfloat16), sizes, columnwise=True)
+    b = numerics.group_quantize_torch(torch.randn(tokens, n, dtype=torch.bfloat16), sizes, columnwise=True)
+    return (a.columnwise_data, a.columnwise_scale, a.columnwise_amax, b.columnwise_data, b.columnwise_scale,
+            b.columnwise_amax, a.columnwise_offsets)
+
+
+@pytest.mark.parametrize("sizes", [(10, 0, 30, 300), (0, 0, 5), (256, 1, 17), (0, 64, 0)],
+                         ids=lambda s: "-".join(map(str, s)))
+def test_wgrad_is_the_references(sizes):
+    """The wgrad wrapper over the 256-aligned token layout, with (alpha, 1) as its global
+    scales: the reference's bits on CPU (extra zero tokens add +0; empty experts give 0;
+    N = 160 spans two 128-row scale tiles, so a wrong per-expert tiling would show)."""
+    args = _wgrad_operands(sizes)
+    assert torch.equal(STEPS.grouped_gemm_wgrad(*args), R.grouped_gemm_wgrad(*args))
+
+
+def test_wgrad_simulator_refuses_scales_that_do_not_tile():
+    a = torch.zeros(64, 48, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    sf = torch.zeros(128, 6, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    one = torch.ones(2)
+    with pytest.raises(ValueError, match="expert 0 has 32 tokens"):
+        cudnn_sim.grouped_gemm_wgrad_wrapper_sm100(a, a.t(), sf, sf, torch.tensor([32, 96], dtype=torch.int32),
+                                                   global_scale_a=one, global_scale_b=one)
 
 
 @pytest.mark.parametrize("activation,clamp,want_amax", [("srelu", None, False), ("srelu", None, True),
@@ -227,6 +257,7 @@ def test_argument_sets_bind_to_the_wrappers_signatures():
     steps.fc2_dgrad_act(*dargs, c, p, "tanh_srelu", 3.0, regenerate=True)
     steps.fc1_act_amax(*_operands(n=256)[0], p, "swiglu", None, 0xD7E8, want_amax=False)
     steps.fc2_dgrad_act(*dargs, torch.randn(c.shape[0], 256, dtype=torch.bfloat16), p, "swiglu", None)
+    steps.grouped_gemm_wgrad(*_wgrad_operands((10, 0, 30)))
     assert {name for name, _ in fe.calls} == set(SIMULATED)
     installed = None
     if importlib.util.find_spec("cudnn") is not None:
