@@ -36,7 +36,7 @@ from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 
 # The eager ops with an all-Replicate strategy, and those among them that draw SR seeds.
 REPLICATE_OPS = ("quantize", "group_quantize", "group_hadamard_amax", "quantize_weights", "grouped_gemm",
-                 "grouped_gemm_wgrad", "activation", "activation_backward")
+                 "grouped_gemm_wgrad", "activation", "activation_backward", "fc1_act_amax", "fc2_dgrad_act")
 SEEDED_OPS = ("quantize", "group_quantize")
 
 

@@ -326,12 +326,13 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
     from .compiler.nodes import val
 
     x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
-    kept = saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation, recompute=options.recompute)
+    recompute = plan.recomputes_d(options.recompute)
+    kept = saved_for_backward(x, w1, w2, sizes, probs, activation=site.activation, recompute=recompute)
     saved = [
         (name, str(t.dtype).replace("torch.", ""), _concrete(t.shape), math.prod(_concrete(t.shape)) * t.element_size())
         for name, t in kept
     ]
-    fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=options.recompute,
+    fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=recompute,
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,

@@ -1,7 +1,9 @@
 """The grouped MLP in eager NVFP4: ``grouped_mlp`` and the ``GroupedMLP`` module.
 
 Forward and backward are docs/numerics.md section 5 run op by op (one ``nvfp4::`` op per step),
-which is the semantics the compiled path reproduces bit for bit from fused ops.
+on the plan ``lowerings.choose_plan`` gives for the call, the same function and the same
+plan as the backend's for a compiled site; this is the semantics the compiled path
+reproduces bit for bit.
 
     forward                                       backward (dY)
     xq  = group_quantize(x)   row + col RHT       dYq = group_quantize(dY)  row + col RHT, SR
@@ -11,8 +13,13 @@ which is the semantics the compiled path reproduces bit for bit from fused ops.
     Dq  = group_quantize(D)   row + col RHT       dCq = group_quantize(dC)  row + col RHT, SR
     Y   = gemm(Dq.row, W2q.row)                   dX  = gemm(dCq.row, W1q.col)
                                                   dW1 = wgrad(dCq.col, xq.col)
+Where the plan fuses fc1, ``fc1_act_amax`` replaces the fc1 GEMM and the activation (and,
+with ``fused_amax``, gives D's amaxes to its casts); where it fuses the dgrad,
+``fc2_dgrad_act`` replaces G's GEMM and the activation backward. On the reference and
+Triton targets fused and unfused steps give the same bits; on cuDNN they do not
+(numerics.md 7), and eager means the fused ones there, as compiled does.
 The eager path saves D's column-wise copy; the compiled path instead regenerates D in the
-backward from C and the saved amaxes (``compiler/fused.py``).
+backward from C and the saved amaxes where the plan allows it (``compiler/fused.py``).
 """
 
 from __future__ import annotations
@@ -34,24 +41,35 @@ from .validate import check_grouped_mlp_args
 nvfp4 = torch.ops.nvfp4
 
 
-def _group_quantize(x, group_sizes, recipe: Recipe, target: str, *, stochastic: bool):
-    """(row data, row scale, row amax, col data, col scale, col amax, padded offsets)."""
+def _group_quantize(x, group_sizes, recipe: Recipe, target: str, *, stochastic: bool, amax=(None, None)):
+    """(row data, row scale, row amax, col data, col scale, col amax, padded offsets);
+    `amax`: the (row-wise, column-wise) amaxes to use instead of computing them."""
     return nvfp4.group_quantize(x, group_sizes, True, True, recipe.rht, recipe.sign_mask,
-                                stochastic and recipe.stochastic_rounding, None, None, target, recipe.sr_per_rank)
+                                stochastic and recipe.stochastic_rounding, *amax, target, recipe.sr_per_rank)
 
 
 class _GroupedMLPChain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale, recipe):
-        # The same choice the backend makes for a compiled site (op by op: no fused kernels).
-        target = choose_plan(SiteSpec.on(x.device, activation, dtype=x.dtype, hidden=x.shape[1],
-                                         ffn=fc2_weight.shape[2]), recipe).target
+        # The plan the backend chooses for a compiled site: its target, and its fused kernels
+        # where it fuses a step (compiled == eager on every target, numerics.md 5.3).
+        plan = choose_plan(SiteSpec.on(x.device, activation, dtype=x.dtype, hidden=x.shape[1],
+                                       ffn=fc2_weight.shape[2]), recipe)
+        target = plan.target
         xq = _group_quantize(x, group_sizes, recipe, target, stochastic=False)
         w1q = nvfp4.quantize_weights(fc1_weight, recipe.block_2d, target)
         w2q = nvfp4.quantize_weights(fc2_weight, recipe.block_2d, target)
-        c = nvfp4.grouped_gemm(xq[0], xq[1], xq[2], w1q[0], w1q[1], w1q[4], group_sizes, target)
-        d = nvfp4.activation(c, probs, activation, tanh_clamp_scale, target)
-        dq = _group_quantize(d, group_sizes, recipe, target, stochastic=False)
+        fc1 = (xq[0], xq[1], xq[2], w1q[0], w1q[1], w1q[4], group_sizes)
+        if plan.fused_fc1:
+            c, d, pre_rht, post_rht = nvfp4.fc1_act_amax(*fc1, probs, activation, tanh_clamp_scale, recipe.sign_mask,
+                                                         plan.fused_amax, target)
+        else:
+            c = nvfp4.grouped_gemm(*fc1, target)
+            d = nvfp4.activation(c, probs, activation, tanh_clamp_scale, target)
+        # rule 2: the epilogue's amaxes where the plan takes them (the column-wise cast uses
+        # the post-RHT one, or the pre-RHT one without RHT), as the compiled forward does
+        amax = (pre_rht, post_rht if recipe.rht else pre_rht) if plan.fused_amax else (None, None)
+        dq = _group_quantize(d, group_sizes, recipe, target, stochastic=False, amax=amax)
         y = nvfp4.grouped_gemm(dq[0], dq[1], dq[2], w2q[0], w2q[1], w2q[4], group_sizes, target)
         saved = SavedForBackward(
             c=c, x_col_data=xq[3], x_col_scale=xq[4], x_col_amax=xq[5], offsets=xq[6],
@@ -59,17 +77,21 @@ class _GroupedMLPChain(torch.autograd.Function):
             w2_amax=w2q[4], d_col_amax=dq[5], d_col_data=dq[3], d_col_scale=dq[4],
         )
         ctx.save_for_backward(probs, group_sizes, *saved.flatten())
-        ctx.activation, ctx.tanh_clamp_scale, ctx.recipe, ctx.target = activation, tanh_clamp_scale, recipe, target
+        ctx.activation, ctx.tanh_clamp_scale, ctx.recipe, ctx.plan = activation, tanh_clamp_scale, recipe, plan
         ctx.probs_dtype = probs.dtype if probs is not None else None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         probs, group_sizes, *saved = ctx.saved_tensors
-        s, recipe, target = SavedForBackward.unflatten(saved), ctx.recipe, ctx.target
+        s, recipe, target = SavedForBackward.unflatten(saved), ctx.recipe, ctx.plan.target
         dyq = _group_quantize(dy.contiguous(), group_sizes, recipe, target, stochastic=True)
-        g = nvfp4.grouped_gemm(dyq[0], dyq[1], dyq[2], s.w2_col_data, s.w2_col_scale, s.w2_amax, group_sizes, target)
-        dc, dp, _ = nvfp4.activation_backward(g, s.c, probs, ctx.activation, ctx.tanh_clamp_scale, False, target)
+        dgrad = (dyq[0], dyq[1], dyq[2], s.w2_col_data, s.w2_col_scale, s.w2_amax, group_sizes)
+        if ctx.plan.fused_dgrad:
+            dc, dp = nvfp4.fc2_dgrad_act(*dgrad, s.c, probs, ctx.activation, ctx.tanh_clamp_scale, target)
+        else:
+            g = nvfp4.grouped_gemm(*dgrad, target)
+            dc, dp, _ = nvfp4.activation_backward(g, s.c, probs, ctx.activation, ctx.tanh_clamp_scale, False, target)
         dw2 = nvfp4.grouped_gemm_wgrad(dyq[3], dyq[4], dyq[5], s.d_col_data, s.d_col_scale, s.d_col_amax, s.offsets,
                                        target)
         dcq = _group_quantize(dc, group_sizes, recipe, target, stochastic=True)

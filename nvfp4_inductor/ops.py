@@ -255,3 +255,59 @@ def _activation_backward(ctx, grad):
 
 
 activation_op.register_autograd(_activation_backward, setup_context=_activation_setup_context)
+
+
+# ---------------------------------------------------------------------------------------
+# Fused steps: one kernel for a GEMM and the activation beside it, where the plan fuses them.
+# The eager chain calls these on such a plan so that it runs what the compiled path runs: on
+# a target whose fused kernels differ from its unfused steps (cuDNN's, numerics.md 7), eager
+# means the fused kernels, and compiled == eager still holds bit for bit.
+
+
+def _fused_step(target: Optional[str], device, step: str):
+    fn = getattr(steps_for(target, device), step)
+    if fn is None:
+        raise ValueError(f"nvfp4::{step}: the {target or 'default'} target has no fused kernel for this step")
+    return fn
+
+
+@torch.library.custom_op(f"{LIB}::fc1_act_amax", mutates_args=())
+def fc1_act_amax_op(
+    a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
+    group_sizes: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float],
+    sign_mask: int, want_amax: bool, target: Optional[str] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """fc1 GEMM + activation * p (``Steps.fc1_act_amax``): (C, D, D's pre-RHT amax, D's
+    post-RHT amax with `sign_mask`); the amaxes empty unless `want_amax`."""
+    c, d, pre_rht, post_rht = _fused_step(target, a_data.device, "fc1_act_amax")(
+        a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation, tanh_clamp_scale,
+        sign_mask, want_amax=want_amax)
+    return c, d, _or_empty(pre_rht, c, torch.float32), _or_empty(post_rht, c, torch.float32)
+
+
+@fc1_act_amax_op.register_fake
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation, tanh_clamp_scale, sign_mask,
+      want_amax, target=None):
+    t, f1, g = a_data.shape[0], b_data.shape[1], group_sizes.shape[0]
+    f = f1 // 2 if get_activation(activation).gated else f1
+    amaxes = [a_data.new_empty(g if want_amax else 0, dtype=torch.float32) for _ in range(2)]
+    return a_data.new_empty(t, f1, dtype=torch.bfloat16), a_data.new_empty(t, f, dtype=torch.bfloat16), *amaxes
+
+
+@torch.library.custom_op(f"{LIB}::fc2_dgrad_act", mutates_args=())
+def fc2_dgrad_act_op(
+    a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
+    group_sizes: Tensor, c: Tensor, probs: Optional[Tensor], activation: str, tanh_clamp_scale: Optional[float],
+    target: Optional[str] = None,
+) -> tuple[Tensor, Tensor]:
+    """fc2 dgrad + activation backward (``Steps.fc2_dgrad_act``): (dC, dprobs (empty without
+    probs)). D is not regenerated: the eager chain keeps D's column-wise copy."""
+    dc, dp, _ = _fused_step(target, a_data.device, "fc2_dgrad_act")(
+        a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation, tanh_clamp_scale)
+    return dc, _or_empty(dp, c, compute_dtype(c))
+
+
+@fc2_dgrad_act_op.register_fake
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation, tanh_clamp_scale,
+      target=None):
+    return c.new_empty(c.shape), c.new_empty(c.shape[0] if probs is not None else 0, dtype=compute_dtype(c))

@@ -120,7 +120,6 @@ def test_alphas():
     torch.testing.assert_close(L.dglu_alpha(a, b), expected, rtol=1e-6, atol=0)
     # alpha^2 is the product's alpha only up to fp32 rounding: a named contract difference
     torch.testing.assert_close(L.dglu_alpha(a, b) ** 2, numerics.gemm_alpha(a, b), rtol=1e-6, atol=0)
-    assert torch.equal(L.global_decode_scale(a), a / 2688)
 
 
 def test_operands():
@@ -142,3 +141,39 @@ def test_operands():
     assert torch.equal(L.deinterleave_glu(b.view(torch.uint8)), w.rowwise_data)
     assert torch.equal(L.deinterleave_glu(L.unswizzle_scales(sfb.view(torch.uint8), 128, 4)),
                        w.rowwise_scale.view(torch.uint8))
+
+
+def test_wgrad_layout_moves_each_group_to_a_256_aligned_expert():
+    """Our 16-aligned column-wise copy -> the wgrad wrapper's token-major operand: each
+    group's 16-token blocks (the RHT-mixed tail included) at its expert's 256-aligned start,
+    zeros elsewhere; the last expert takes the slack up to a capacity from shapes alone."""
+    torch.manual_seed(0)
+    sizes = torch.tensor([18, 0, 300, 5])
+    x = torch.randn(int(sizes.sum()), 160, dtype=torch.bfloat16)
+    q = numerics.group_quantize_torch(x, sizes, columnwise=True)
+    p = q.columnwise_data.shape[1] * 2
+    rows, capacity, ends = L.wgrad_layout(q.columnwise_offsets, p)
+    assert capacity == L.padded_capacity(p, 4) and ends.dtype == torch.int32
+    assert ends.tolist() == [256, 256, 768, capacity]
+    a, sfa = L.wgrad_operand(q.columnwise_data, q.columnwise_scale, rows, capacity, ends)
+    assert a.dtype == torch.float4_e2m1fn_x2 and a.shape == (160, capacity // 2)
+    assert sfa.dtype == torch.float8_e4m3fn and sfa.shape == (256, capacity // 16)
+    data, ours = a.view(torch.uint8), q.columnwise_data
+    starts = [0, 256, 256, 768]
+    for g, (p0, p1) in enumerate(zip(q.columnwise_offsets[:-1].tolist(), q.columnwise_offsets[1:].tolist())):
+        width = (p1 - p0) // 2
+        assert torch.equal(data[:, starts[g] // 2:starts[g] // 2 + width], ours[:, p0 // 2:p1 // 2])
+    assert int((data != 0).sum()) == int((ours != 0).sum())  # nothing else written
+
+
+def test_expert_tiled_scales_are_the_frontend_tests_assembly():
+    """Each expert's (rows, tokens_e / 16) scales in the 128x4 layout, experts back to back
+    (the frontend tests' ``_wgrad_assemble_scales_2d2d``: ``to_blocked`` per expert,
+    concatenated), not one 128x4 layout over all columns."""
+    s = _scales(1, 200, 48, seed=3)[0]
+    ends = torch.tensor([256, 256, 768], dtype=torch.int32)  # 16, 0 and 32 scale columns
+    tiled = L.expert_tiled_scales(s, ends)
+    assert tiled.shape == (256, 48)
+    expected = torch.cat([to_blocked(s[:, :16]), to_blocked(s[:, 16:16]), to_blocked(s[:, 16:])])
+    assert torch.equal(tiled.reshape(-1), expected)
+    assert not torch.equal(expected, to_blocked(s))

@@ -50,6 +50,9 @@ ARGS_1_32 = {
              "mma_tiler_mn cluster_shape_mn sf_vec_size sf_fp8_dtype_override vector_f32 m_aligned "
              "discrete_col_sfd use_dynamic_sched use_single_group_runtime_offsets current_stream generate_amax "
              "scheduler_counter_tensor",
+    cd.WGRAD: "a_tensor b_tensor sfa_tensor sfb_tensor offsets_tensor output_mode wgrad_tensor wgrad_ptrs "
+              "global_scale_a global_scale_b acc_dtype wgrad_dtype mma_tiler_mn cluster_shape_mn sf_vec_size "
+              "sf_fp8_dtype_override accumulate_on_output input_order current_stream descriptor_workspace",
 }
 
 

@@ -801,6 +801,42 @@ def test_activation_opcheck(activation, clamp):
     torch.library.opcheck(nvfp4.activation_backward, (g, c, None, activation, clamp, False))
 
 
+@pytest.mark.parametrize("activation,clamp", ACTS, ids=ACT_IDS)
+def test_fused_step_ops(activation, clamp):
+    """``nvfp4::fc1_act_amax`` / ``nvfp4::fc2_dgrad_act`` return what the named target's fused
+    steps return (here the cudnn step table over its CPU simulator), pass opcheck, and name
+    a target that has no fused steps."""
+    from nvfp4_inductor import lowerings
+    from nvfp4_inductor.lowerings import cudnn
+
+    f, gated = 64, activation == "swiglu"
+    f1 = 2 * f if gated else f
+    want_amax = activation != "tanh_srelu"  # cuDNN's amax wrapper has no clamp (rule 3)
+    probs = torch.rand(sum(UNEVEN), generator=_gen(22))
+    fc1 = _gemm_operands(21, k=64, n=f1)
+    dgrad = _gemm_operands(23, k=64, n=f)
+    c = _randn(_gen(24), sum(UNEVEN), f1)
+    target = cudnn.simulated_target()
+    steps = target.steps()
+    with lowerings.registered(target):
+        fc1_args = (*fc1, probs, activation, clamp, MASK, want_amax, target.name)
+        got = nvfp4.fc1_act_amax(*fc1_args)
+        expected = steps.fc1_act_amax(*fc1, probs, activation, clamp, MASK, want_amax=want_amax)
+        _assert_tuple_equal(got[:2], expected[:2], "fc1_act_amax C, D")
+        if want_amax:
+            _assert_tuple_equal(got[2:], expected[2:], "fc1_act_amax amaxes")
+        else:
+            assert got[2].numel() == got[3].numel() == 0
+        dgrad_args = (*dgrad, c, probs, activation, clamp, target.name)
+        dc, dp, _ = steps.fc2_dgrad_act(*dgrad, c, probs, activation, clamp)
+        _assert_tuple_equal(nvfp4.fc2_dgrad_act(*dgrad_args), (dc, dp), "fc2_dgrad_act")
+        for op, args in ((nvfp4.fc1_act_amax, fc1_args), (nvfp4.fc2_dgrad_act, dgrad_args)):
+            torch.library.opcheck(op, args, test_utils=NO_SCHEMA)
+            _check_functional(op, args, str(op))
+    with pytest.raises(ValueError, match="nvfp4::fc1_act_amax: the reference target has no fused kernel"):
+        nvfp4.fc1_act_amax(*fc1_args[:-1], "reference")
+
+
 def test_absent_copies_are_empty_with_the_fake_impls_dtypes():
     """Optional outputs come back as empty tensors of the dtype the fake impl gives, and the
     public wrappers turn them into None."""

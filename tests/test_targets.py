@@ -131,6 +131,7 @@ def counting_target(name, counts, caps):
     def fc2_dgrad_act(*args, regenerate=False):
         gemm_args, (c, probs, activation, clamp) = args[:7], args[7:]
         counts["fc2_dgrad_act"] += 1
+        counts["D regenerated"] += regenerate
         return ref.activation_backward(ref.grouped_gemm(*gemm_args), c, probs, activation, clamp,
                                        regenerate=regenerate)
 
@@ -183,6 +184,43 @@ def test_made_up_target_is_planned_run_and_explained(sign_mask):
     assert counts["activation_forward"] == counts["activation_backward"] == 0
     assert counts["grouped_gemm"] == 2 and counts["grouped_gemm_wgrad"] == 2  # fc2 fwd, fc1 dgrad; both wgrads
     assert "counting" not in [t.name for t in lowerings.targets()]
+
+
+@pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["te_mask", "mask0"])
+def test_the_eager_chain_runs_the_plans_fused_steps(sign_mask):
+    """Eager means the plan: the chain calls the fused steps where the plan fuses them (with
+    the epilogue's amaxes where it takes them), and never the steps they replace."""
+    recipe = nv.Recipe(sign_mask=sign_mask)
+    counts = collections.Counter()
+    with lowerings.registered(counting_target("counting", counts, MASKLESS)):
+        mlp, args = _model(recipe=recipe)
+        mlp(*args).sum().backward()
+    fused_amax = sign_mask == 0
+    assert counts["fc1_act_amax with amax" if fused_amax else "fc1_act_amax without amax"] == 1
+    assert counts["fc2_dgrad_act"] == 1 and counts["D regenerated"] == 0
+    assert counts["activation_forward"] == counts["activation_backward"] == counts["group_hadamard_amax"] == 0
+    assert counts["grouped_gemm"] == 2 and counts["grouped_gemm_wgrad"] == 2
+
+
+def test_a_fused_fc1_not_reading_the_stored_c_keeps_d():
+    """Rule 5: where the fused fc1 does not make D from the bf16 C it stores, the backward
+    cannot rebuild D, so D's column-wise copy is saved whatever the recompute option; the
+    plan says so, explain lists the copy, and the fused dgrad is never asked for D."""
+    fp32_epilogue = dataclasses.replace(MASKLESS, fused_d_from_stored_c=False)
+    p = plan(described("fp32_epilogue", fp32_epilogue))
+    assert p.fused_fc1 and not p.d_regenerable and not p.recomputes_d(True)
+    assert "D's column-wise copy is saved, recompute or not" in p.reason
+    assert plan(SIGNED).recomputes_d(True) and not plan(SIGNED).recomputes_d(False)
+    assert plan(described("unfused", dataclasses.replace(fp32_epilogue, fused_activations=frozenset()))).d_regenerable
+    counts = collections.Counter()
+    with lowerings.registered(counting_target("counting", counts, fp32_epilogue)):
+        mlp, args = _model()
+        [s] = nv.explain(mlp, *args, recompute=True).sites
+        assert "D col data" in [name for name, *_ in s.saved]
+        assert "quantize D: row + col RHT" in dict(s.forward_steps)
+        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+    assert counts["fc2_dgrad_act"] == 2 and counts["D regenerated"] == 0  # compare: eager, compiled
 
 
 def test_made_up_target_refused_for_an_activation_it_does_not_run():

@@ -3,8 +3,9 @@
 Contract: ``nvfp4::grouped_mlp_fwd`` + ``grouped_mlp_bwd`` (three ops) are, as a
 pair, equivalent bit for bit to the eager chain of ``nn.py``; ``nvfp4::grouped_mlp_infer``
 is interchangeable with the pair's forward output. They call the same lowering steps as
-the eager ops, so equality is by construction. What the forward returns beyond Y is
-exactly what AOTAutograd saves for the backward (``saved.SavedForBackward``):
+the eager ops, fused where the same plan fuses them, so equality is by construction.
+What the forward returns beyond Y is exactly what AOTAutograd saves for the backward
+(``saved.SavedForBackward``):
 
     saved, recompute=True (default; numerics.md 6)     saved, recompute=False
     C (T, F1) bf16                              C
@@ -21,7 +22,8 @@ the post-RHT amax (or, where the plan says ``fused_amax``, from the fused fc1 ke
 epilogue, with no pass over D at all); the backward regenerates D bit-exactly in the
 activation-gradient step (fused into the fc2 dgrad GEMM where the plan says
 ``fused_dgrad``) and casts it column-wise with the saved post-RHT amax, so no amax pass
-over D runs in the backward. Fused and unfused steps give the same bits.
+over D runs in the backward. A plan whose fused fc1 does not make D from the saved C
+(``Plan.d_regenerable`` False: cuDNN's) keeps D's column-wise copy instead (rule 5).
 The backward runs its own ops (``grouped_mlp_bwd``: ``nvfp4::grouped_mlp_bwd_fc2`` up to
 dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops), never the forward op
 again: that would be merged with it by the partitioner's CSE and the activation saved
@@ -296,7 +298,7 @@ def fused_grouped_mlp(
     if not needs_grad:
         return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
     return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
-                           stochastic_rounding=recipe.stochastic_rounding, recompute=recompute,
+                           stochastic_rounding=recipe.stochastic_rounding, recompute=plan.recomputes_d(recompute),
                            fused_dgrad=plan.fused_dgrad, sr_per_rank=recipe.sr_per_rank)[0]
 
 

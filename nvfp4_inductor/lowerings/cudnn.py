@@ -2,11 +2,20 @@
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
 Status: nothing here has run on a Blackwell GPU. The step table is wired for
-the plain grouped GEMM and the fused SReLU / tanh-SReLU / SwiGLU kernels and runs in CI
-over the CPU simulator (``cudnn_sim``); the wgrad wrapper is not wired (wgrad runs the
-Triton kernels). Until a run on SM100 has checked it, the probe refuses
-(``STEP_TABLE_READY``) and the policy passes the target over; ``check_target`` registers
-it explicitly (benchmarks/blackwell_check.py). What is here:
+the plain grouped GEMM, the grouped wgrad and the fused SReLU / tanh-SReLU / SwiGLU kernels
+and runs in CI over the CPU simulator (``cudnn_sim``). The kernels' fused epilogues compute something other than our unfused
+steps (the activation on the fp32 accumulator: docs/numerics.md section 7), so on this
+target "eager" means the plan's fused kernels (the eager chain runs them too, and compiled
+== eager holds bitwise), and D is not regenerable from the saved C (``fused_d_from_stored_c``
+False: rule 5 saves D's column-wise copy).
+
+Until a run on SM100 has checked it, the probe refuses (``STEP_TABLE_READY``) and the
+policy passes the target over; ``check_target`` registers it explicitly
+(benchmarks/blackwell_check.py). The guard stays: the simulator is written from the
+wrappers' documented contract, so CI proves our wiring against that contract only; whether
+the real wrappers take our layouts (the 128x4 scale swizzle, the 256-row expert padding,
+the GLU interleave, the wgrad's per-expert scale tiles) and keep their contract is what a
+real run must show first. What is here:
 
 * where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
   wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
@@ -22,7 +31,8 @@ it explicitly (benchmarks/blackwell_check.py). What is here:
   docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``.
 
 The wrappers' layouts (256-row expert padding, 128x4 swizzled scale factors, the 32-column
-GLU interleave, per-expert alpha) are pure adapters in ``lowerings/cudnn_layout.py``.
+GLU interleave, per-expert alpha, the wgrad's token-major operands) are pure adapters in
+``lowerings/cudnn_layout.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ FC1_HADAMARD = "grouped_gemm_glu_hadamard_wrapper_sm100"  # + D's amax and unsig
 DGRAD_SRELU = "grouped_gemm_dsrelu_wrapper_sm100"  # fc2 dgrad + dSReLU, dprob, regenerated D
 DGRAD_GLU = "grouped_gemm_dglu_wrapper_sm100"  # fc2 dgrad + dSwiGLU, dprob
 GEMM = "grouped_gemm_quant_wrapper_sm100"  # plain grouped NVFP4 GEMM (fc2 fprop, fc1 dgrad)
-WRAPPERS = (FC1_SRELU, FC1_GLU, FC1_HADAMARD, DGRAD_SRELU, DGRAD_GLU, GEMM)
+WGRAD = "grouped_gemm_wgrad_wrapper_sm100"  # grouped NVFP4 wgrad over token-major copies (dW1, dW2)
+WRAPPERS = (FC1_SRELU, FC1_GLU, FC1_HADAMARD, DGRAD_SRELU, DGRAD_GLU, GEMM, WGRAD)
 
 # Arguments the step table passes, per wrapper: the probe refuses an installed frontend
 # whose wrapper lacks one (a renamed argument must not reach a kernel call).
@@ -66,6 +77,8 @@ REQUIRED_ARGS = {
                 "m_aligned", "act_func"),
     GEMM: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "padded_offsets", "alpha_tensor",
            "prob_tensor", "d_dtype", "sf_vec_size", "m_aligned"),
+    WGRAD: ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor", "offsets_tensor", "global_scale_a",
+            "global_scale_b", "acc_dtype", "wgrad_dtype", "sf_vec_size"),
 }
 
 TANH_CLAMP_ARG = "tanh_clamp_scale"
@@ -74,9 +87,10 @@ N_ALIGNMENT = 64  # N % 64 == 0 for every fused wrapper (GLU: 2 x 32-column bloc
 GLU_INTERLEAVE = 32  # gate/up alternate in 32-row blocks of W1 (32-column blocks of C)
 MAX_EXPERTS = 1024
 
-# The step table is wired to the wrappers but checked only against the CPU simulator: until
-# a run on an SM100 GPU has checked it (benchmarks/blackwell_check.py), the probe refuses, so
-# no plan names this target on a real device unless check_target registers it.
+# The step table is wired to the wrappers but checked only against the CPU simulator (the
+# wrappers' documented contract, not the kernels): until a run on an SM100 GPU has checked it
+# (benchmarks/blackwell_check.py), the probe refuses, so no plan names this target on a real
+# device unless check_target registers it.
 STEP_TABLE_READY = False
 
 Signatures = Mapping[str, Union[inspect.Signature, str]]
@@ -110,6 +124,7 @@ def capabilities_from_signatures(signatures: Signatures) -> Union[Capabilities, 
         fused_amax=True,
         fused_amax_activations=frozenset(amax_acts),
         fused_amax_takes_sign_mask=sign_mask_parameter(hadamard) is not None,
+        fused_d_from_stored_c=False,  # the epilogues read the fp32 alpha * acc (numerics.md 7, difference 1)
         dtypes=frozenset({torch.bfloat16}),
         alignment=N_ALIGNMENT,
     )
@@ -172,7 +187,7 @@ def dgrad_wrapper(activation: str) -> str:
 def describe(plan, site, recipe) -> str:
     """Which wrapper each fused step calls, and why (appended to the plan's reason)."""
     if not plan.fused_fc1:
-        return f"cudnn: fc1 and fc2 dgrad through {GEMM}, activation apart"
+        return f"cudnn: fc1 and fc2 dgrad through {GEMM}, activation apart; wgrads: {WGRAD}"
     act = site.activation
     if plan.fused_amax:
         mask = "RHT off" if not recipe.rht else (
@@ -184,7 +199,7 @@ def describe(plan, site, recipe) -> str:
         fc1 = (f"fc1: {fc1_wrapper(act, False)}{clamp} (no amax), then our group Hadamard-amax pass with sign "
                f"mask {recipe.sign_mask:#06x}")
     dgrad = f"fc2 dgrad: {dgrad_wrapper(act)}" + (f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else "")
-    return f"{fc1}; {dgrad}; fc2 fprop and fc1 dgrad: {GEMM}"
+    return f"{fc1}; {dgrad}; fc2 fprop and fc1 dgrad: {GEMM}; wgrads: {WGRAD}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,10 +207,11 @@ def describe(plan, site, recipe) -> str:
 
 
 def make_steps(fe, base):
-    """The cudnn step table: `base`'s quantizers, wgrad and unfused activations; the
-    grouped GEMM (fc2 fprop, fc1 dgrad) through ``grouped_gemm_quant_wrapper_sm100``; the
-    fused fc1 (srelu / glu wrapper, or the Hadamard wrapper when the plan takes its amax)
-    and fc2 dgrad (dsrelu / dglu wrapper) kernels; `fe` supplies the wrappers."""
+    """The cudnn step table: `base`'s quantizers and unfused activations; the grouped GEMM
+    (fc2 fprop, fc1 dgrad) through ``grouped_gemm_quant_wrapper_sm100``; the wgrads through
+    ``grouped_gemm_wgrad_wrapper_sm100``; the fused fc1 (srelu / glu wrapper, or the
+    Hadamard wrapper when the plan takes its amax) and fc2 dgrad (dsrelu / dglu wrapper)
+    kernels; `fe` supplies the wrappers."""
     import dataclasses
 
     from . import cudnn_layout as lay
@@ -218,6 +234,19 @@ def make_steps(fe, base):
                                 d_dtype=torch.bfloat16, generate_amax=False,
                                 **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
         return lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
+
+    def grouped_gemm_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets):
+        rows, capacity, ends = lay.wgrad_layout(padded_offsets, a_data.shape[1] * 2)
+        a, sfa = lay.wgrad_operand(a_data, a_scale, rows, capacity, ends)
+        b, sfb = lay.wgrad_operand(b_data, b_scale, rows, capacity, ends)
+        alpha = lay.alpha(a_amax, b_amax)
+        # the epilogue multiplies the accumulator by global_scale_a * global_scale_b (fp32):
+        # (alpha, 1) makes that our alpha exactly, where the decode scales (A / 2688 each)
+        # would round their product differently (numerics.md 5.4)
+        out = getattr(fe, WGRAD)(a_tensor=a, b_tensor=b.t(), sfa_tensor=sfa, sfb_tensor=sfb, offsets_tensor=ends,
+                                 global_scale_a=alpha, global_scale_b=torch.ones_like(alpha),
+                                 acc_dtype=torch.float32, wgrad_dtype=torch.bfloat16, sf_vec_size=16)
+        return out["wgrad_tensor"]
 
     def clamp_kwargs(activation, tanh_clamp_scale):
         return {TANH_CLAMP_ARG: tanh_clamp_scale} if activation == "tanh_srelu" else {}
@@ -271,8 +300,8 @@ def make_steps(fe, base):
         dp = lay.unpad_rows(out["dprob_tensor"].view(-1), rows) if probs is not None else None
         return dc, dp, d
 
-    return dataclasses.replace(base, grouped_gemm=grouped_gemm, fc1_act_amax=fc1_act_amax,
-                               fc2_dgrad_act=fc2_dgrad_act)
+    return dataclasses.replace(base, grouped_gemm=grouped_gemm, grouped_gemm_wgrad=grouped_gemm_wgrad,
+                               fc1_act_amax=fc1_act_amax, fc2_dgrad_act=fc2_dgrad_act)
 
 
 # What the wired step table fuses.
@@ -280,8 +309,8 @@ WIRED = frozenset({"srelu", "tanh_srelu", "swiglu"})
 
 
 def _steps():
-    """The real step table: the frontend's wrappers; quantizers, wgrad and the unfused
-    activations from the Triton target (bit-exact twins of the reference)."""
+    """The real step table: the frontend's wrappers; quantizers and the unfused activations
+    from the Triton target (bit-exact twins of the reference)."""
     from .triton import STEPS as TRITON_STEPS
 
     return make_steps(importlib.import_module("cudnn"), TRITON_STEPS)
@@ -299,17 +328,16 @@ def check_target(name: str = "cudnn_check", fused: bool = True) -> Target:
 
 
 def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
-    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities 1.32's
-    signatures give restricted to what is wired: for tests (register it with
-    ``lowerings.registered``). `base`: the step table it borrows quantizers and wgrad from
-    (default: the reference's); `fused` False: no fused kernels (every step unfused)."""
+    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities the
+    probe reads from the simulator's signatures (1.32's) restricted to what is wired: for
+    tests (register it with ``lowerings.registered``). `base`: the step table it borrows
+    quantizers and unfused activations from (default: the reference's); `fused` False: no
+    fused kernels (every step unfused)."""
     from . import cudnn_sim
     from .reference import STEPS as REFERENCE_STEPS
 
     steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
-    caps = wired(Capabilities(fused_activations=WIRED, fused_amax=True,
-                              fused_amax_activations=frozenset({"srelu", "swiglu"}),
-                              dtypes=frozenset({torch.bfloat16}), alignment=N_ALIGNMENT), fused)
+    caps = wired(capabilities_from_signatures(read_signatures(cudnn_sim)), fused)
     return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
 
 

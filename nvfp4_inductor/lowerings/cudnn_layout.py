@@ -25,6 +25,16 @@ The wrappers' side (cudnn-frontend 1.32, contiguous M-grouped form):
   kernels apply alpha to both sides (alpha^2 on the product), so they get
   sqrt(A_a A_b) / 2688 (docs/numerics.md 7: a contract difference, not bitwise).
 * prob: (rows, 1, 1) fp32, zeros on padding rows.
+* wgrad (``grouped_gemm_wgrad_wrapper_sm100``): A (M, tokens) and B (tokens, N), both
+  token-major (B a transposed view), experts' tokens back to back at the (G,) int32
+  ``offsets_tensor`` ends, here 256-aligned as for the row wrappers (our column-wise copies
+  are 16-aligned: ``wgrad_layout`` moves each expert's 16-token blocks, RHT-mixed tail
+  included, and the last expert takes the slack). Scale factors: each expert's
+  (rows, tokens_e / 16) block in the 128x4 tile layout, experts back to back, expert e's
+  from element round_up(rows, 128) * token_offset_e / 16 (the kernel's per-expert
+  descriptor; the frontend tests' ``_wgrad_assemble_scales_2d2d``), viewed as
+  (round_up(rows, 128), tokens / 16). ``global_scale_a * global_scale_b`` (fp32) multiplies
+  the accumulator: (alpha, 1) gives our alpha exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from ..constants import FP4_E4M3_MAX
+from ..constants import BLOCK, FP4_E4M3_MAX
 from ..numerics import gemm_alpha
 
 M_ALIGNED = 256
@@ -170,12 +180,6 @@ def dglu_alpha(a_amax: torch.Tensor, b_amax: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(product) / torch.full_like(product, FP4_E4M3_MAX)
 
 
-def global_decode_scale(amax: torch.Tensor) -> torch.Tensor:
-    """A / 2688 (fp32, per group): the wgrad wrapper's global_scale_a / global_scale_b."""
-    amax = amax.float()
-    return amax / torch.full_like(amax, FP4_E4M3_MAX)
-
-
 # ---------------------------------------------------------------------------------------
 # Operands
 
@@ -211,3 +215,54 @@ def weight_operand(data: torch.Tensor, scale: torch.Tensor, glu: bool = False):
     if glu:
         data, scale = interleave_glu(data), interleave_glu(scale)
     return fp4_view(data.contiguous()), e4m3_view(swizzle_scales(scale))
+
+
+# ---------------------------------------------------------------------------------------
+# Wgrad operands: column-wise (token-major) grouped copies
+
+
+def wgrad_layout(offsets: torch.Tensor, tokens: int):
+    """Our column-wise copies' (G+1,) 16-aligned offsets over `tokens` (P) columns ->
+    (where each of our P/16 token blocks goes, the wrapper's token capacity, its (G,) int32
+    ``offsets_tensor``: each expert's tokens rounded up to 256, the last expert taking the
+    slack up to a capacity from shapes alone). Blocks past the last group are zeros and
+    land in that slack. Device-side, no host read."""
+    aligned = M_ALIGNED // BLOCK
+    blocks = torch.diff(offsets.to(torch.int64)) // BLOCK
+    count = tokens // BLOCK
+    rows = padded_rows(blocks, count, aligned)
+    capacity = padded_capacity(count, blocks.numel(), aligned)
+    return rows, capacity * BLOCK, padded_offsets(blocks, count, aligned) * BLOCK
+
+
+def wgrad_operand(data: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, capacity: int,
+                  ends: torch.Tensor):
+    """A column-wise grouped copy (K, P/2), (K, P/16) -> the wrapper's token-major operand
+    (K, capacity/2) float4_e2m1fn_x2 (transpose it for B) and its scale factors
+    (round_up(K, 128), capacity/16) float8_e4m3fn, per expert in the 128x4 tile layout."""
+    k = data.shape[0]
+    blocks = _bytes(data).view(k, -1, BLOCK // 2).transpose(0, 1)  # (P/16, K, 8): one 16-token block
+    moved = pad_rows(blocks, rows, capacity // BLOCK).transpose(0, 1).reshape(k, capacity // 2)
+    sf = pad_rows(_bytes(scale).t(), rows, capacity // BLOCK).t()
+    return fp4_view(moved.contiguous()), e4m3_view(expert_tiled_scales(sf, ends))
+
+
+def expert_tiled_scales(scale: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """(MN, C) plain scales whose columns belong to the experts ending at token `ends`
+    (each expert a multiple of 4 columns) -> (round_up(MN, 128), C): each expert's columns
+    in the 128x4 tile layout (``swizzle_scales`` of its slice), experts back to back."""
+    mn, cols = scale.shape
+    rm = _ceil(mn, SF_TILE_ROWS)
+    col_ends = ends.to(torch.int64) // BLOCK
+    widths = torch.diff(col_ends, prepend=col_ends.new_zeros(1))
+    col = torch.arange(cols, device=scale.device)
+    expert = torch.searchsorted(col_ends, col, right=True).clamp(max=max(col_ends.numel() - 1, 0))
+    start = col_ends[expert] - widths[expert]
+    k, tiles_k = col - start, widths[expert] // SF_TILE_COLS
+    r = torch.arange(rm * SF_TILE_ROWS, device=scale.device).unsqueeze(1)
+    offset = (start * rm * SF_TILE_ROWS + ((r // SF_TILE_ROWS) * tiles_k + k // SF_TILE_COLS) * 512
+              + (r % 32) * 16 + ((r // 32) % 4) * 4 + k % SF_TILE_COLS)
+    padded = scale.new_zeros(rm * SF_TILE_ROWS, cols)
+    padded[:mn] = scale
+    out = scale.new_zeros(rm * SF_TILE_ROWS * cols)
+    return out.index_put_((offset.reshape(-1),), padded.reshape(-1)).view(rm * SF_TILE_ROWS, cols)

@@ -12,8 +12,10 @@ Simulated: ``grouped_gemm_quant_wrapper_sm100`` (bf16 D), ``grouped_gemm_srelu_w
 (with ``tanh_clamp_scale``), ``grouped_gemm_glu_wrapper_sm100`` (swiglu),
 ``grouped_gemm_glu_hadamard_wrapper_sm100`` (srelu, swiglu),
 ``grouped_gemm_dsrelu_wrapper_sm100`` (with ``use_dsrelu_reuse`` and the clamp),
-``grouped_gemm_dglu_wrapper_sm100`` (dswiglu). Not simulated: other activations, FP8/FP4
-outputs, bias, discrete weights, the wgrad wrapper. The kernels' approximate
+``grouped_gemm_dglu_wrapper_sm100`` (dswiglu), ``grouped_gemm_wgrad_wrapper_sm100`` (NVFP4,
+dense output, Tensor2D inputs; the kernel's epilogue and per-expert scale-factor descriptor
+in the 1.32 wheel, and the frontend tests' ``_wgrad_independent_reference``). Not
+simulated: other activations, FP8/FP4 outputs, bias, discrete weights. The kernels' approximate
 transcendentals (``tanh.approx``, ``rcp.approx`` of ``1 + exp2``) are torch's exact ones here.
 
 What the kernels compute that our contract (docs/numerics.md) does not:
@@ -33,13 +35,16 @@ What the kernels compute that our contract (docs/numerics.md) does not:
    sqrt(A_a A_b) / 2688), gradients in the kernel's order (docstring of
    ``grouped_gemm_dglu_wrapper_sm100`` here);
 7. GEMM sums: the tensor core's order (here torch's fp32 matmul order);
-8. hence with the fused kernels, recompute on != off: the dsrelu kernel regenerates D from
-   the bf16 C, the fused forward made it from the fp32 C.
+8. hence D regenerated from the bf16 C (dsrelu's ``use_dsrelu_reuse``) is not the fused
+   forward's D, made from the fp32 C: the target's plans save D's column-wise copy instead
+   (docs/numerics.md section 6, rule 5).
 """
 
 from __future__ import annotations
 
 from typing import Optional
+
+import enum
 
 import torch
 
@@ -309,3 +314,65 @@ def grouped_gemm_dglu_wrapper_sm100(a_tensor, c_tensor, sfa_tensor, padded_offse
     d_row = _interleave(d_gate, d_up).to(d_dtype or torch.bfloat16).unsqueeze(-1)
     return TupleDict(d_row_tensor=d_row, d_col_tensor=None, dprob_tensor=dprob, dbias_tensor=None,
                      amax_tensor=None, sfd_row_tensor=None, sfd_col_tensor=None)
+
+
+class WGradInputOrder(enum.Enum):
+    """The frontend's enum of wgrad input layouts (the default of ``input_order``)."""
+
+    Tensor2D = "tensor2d"
+    TensorRagged = "tensor_ragged"
+
+
+def _expert_sf(sf: torch.Tensor, rows: int, token_offset: int, tokens: int) -> torch.Tensor:
+    """One expert's scale factors, (rows, tokens) fp32 per element: the kernel's descriptor
+    starts at element round_up(rows, 128) * token_offset / 16 of the buffer and lays the
+    expert's (rows, tokens / 16) scales out in 128x4 tiles (the frontend tests'
+    ``_wgrad_to_blocked``: 512-byte tiles row tile by column tile, inside one byte
+    (r % 32) * 16 + ((r % 128) // 32) * 4 + k % 4)."""
+    flat = sf.view(torch.uint8).reshape(-1)
+    padded_rows = -(-rows // 128) * 128
+    cols = tokens // SF_VEC
+    r = torch.arange(rows).unsqueeze(1)
+    k = torch.arange(cols).unsqueeze(0)
+    index = (padded_rows * token_offset // SF_VEC + ((r // 128) * (cols // 4) + k // 4) * 512 + (r % 32) * 16
+             + ((r % 128) // 32) * 4 + k % 4)
+    return e4m3_decode(flat[index]).repeat_interleave(SF_VEC, dim=1)
+
+
+def grouped_gemm_wgrad_wrapper_sm100(a_tensor, b_tensor, sfa_tensor, sfb_tensor, offsets_tensor, output_mode='dense',
+                                     wgrad_tensor=None, wgrad_ptrs=None, global_scale_a=None, global_scale_b=None,
+                                     acc_dtype=None, wgrad_dtype=None, mma_tiler_mn=(256, 256), cluster_shape_mn=None,
+                                     sf_vec_size=16, sf_fp8_dtype_override=None, accumulate_on_output=False,
+                                     input_order=WGradInputOrder.Tensor2D, current_stream=None, *,
+                                     descriptor_workspace=None):
+    """wgrad[e] = bf16((global_scale_a[e] * global_scale_b[e]) * sum over expert e's tokens t of
+    (A * SFA)[m, t] (B * SFB)[t, n]): A (M, tokens) and B (tokens, N) float4_e2m1fn_x2, both
+    token-major (B a transposed view); offsets_tensor (E,) int32 token ends; an expert with no
+    tokens gives zeros. The scale factors are read as the kernel's per-expert descriptors
+    read them, which tile only when every expert's token count is a multiple of 64 (the
+    frontend tests use 256 and 384): refused otherwise."""
+    if a_tensor.dtype != torch.float4_e2m1fn_x2 or b_tensor.dtype != torch.float4_e2m1fn_x2:
+        raise ValueError("the simulator takes float4_e2m1fn_x2 A and B")
+    if sf_vec_size != SF_VEC or global_scale_a is None or global_scale_b is None:
+        raise ValueError("NVFP4 wgrad requires sf_vec_size=16, global_scale_a and global_scale_b")
+    if output_mode != "dense" or accumulate_on_output or WGradInputOrder(input_order) != WGradInputOrder.Tensor2D:
+        raise NotImplementedError("the simulator runs dense, non-accumulating Tensor2D wgrad only")
+    if offsets_tensor.dtype != torch.int32:
+        raise ValueError("offsets_tensor must be int32")
+    a = e2m1_decode(unpack_fp4(a_tensor.view(torch.uint8)))  # (M, tokens)
+    b = e2m1_decode(unpack_fp4(b_tensor.t().view(torch.uint8)))  # (N, tokens)
+    (m, tokens), n = a.shape, b.shape[0]
+    ends = offsets_tensor.tolist()
+    if ends and ends[-1] > tokens:
+        raise ValueError(f"offsets_tensor's last value {ends[-1]} exceeds the {tokens} tokens")
+    out = torch.zeros(len(ends), m, n, dtype=torch.float32)
+    start = 0
+    for e, end in enumerate(ends):
+        if (end - start) % 64:
+            raise ValueError(f"expert {e} has {end - start} tokens: its scale factors do not tile (multiple of 64)")
+        if end > start:
+            a_e = a[:, start:end] * _expert_sf(sfa_tensor, m, start, end - start)
+            b_e = b[:, start:end] * _expert_sf(sfb_tensor, n, start, end - start)
+            out[e] = torch.einsum("mt,nt->mn", a_e, b_e) * (global_scale_a[e].float() * global_scale_b[e].float())
+        start = end
+    return TupleDict(wgrad_tensor=out.to(wgrad_dtype or torch.bfloat16))

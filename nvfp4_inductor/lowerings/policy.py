@@ -1,4 +1,4 @@
-"""Which target runs a site, and which of its fused kernels run (rules 3-4 of
+"""Which target runs a site, and which of its fused kernels run (rules 3-5 of
 docs/numerics.md section 6).
 
 Legality of a site (dtypes, shapes) is the compiler's business; this module picks, among
@@ -7,7 +7,8 @@ whether its fused kernels run and whether D's amaxes come from the fused fc1 epi
 ``choose_plan`` is a function of the site and the registry only (each target's probe
 says what it can do on the site's device), so the rules are unit-testable on CPU with
 described targets. The backend chooses once per site and hands the plan to the fused
-ops; the eager ops choose through ``choose_plan`` / ``choose_target`` too.
+ops; the eager chain (``nn.py``) runs the plan ``choose_plan`` gives for its call, fused
+kernels included, and a lone eager op with no target runs ``choose_target``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class Plan:
         Hadamard-amax pass over D).
     fused_dgrad: its fused fc2 dgrad + activation backward kernel runs.
     reason: why, for a person.
+    d_regenerable: the backward can rebuild D bit for bit from the saved bf16 C (rule 5):
+        False only when a fused fc1 kernel makes D from something else.
     """
 
     target: str
@@ -63,6 +66,12 @@ class Plan:
     fused_amax: bool
     fused_dgrad: bool
     reason: str
+    d_regenerable: bool = True
+
+    def recomputes_d(self, recompute: bool) -> bool:
+        """Whether the backward regenerates D under the backend's `recompute` option (rule 1):
+        only where that D is the forward's (rule 5); otherwise D's column-wise copy is saved."""
+        return recompute and self.d_regenerable
 
 
 def fused_amax_allowed(name: str, caps: Capabilities, recipe: Recipe,
@@ -94,13 +103,16 @@ def site_mismatch(name: str, caps: Capabilities, site: SiteSpec) -> Optional[str
 
 
 def plan_with(name: str, caps: Capabilities, site: SiteSpec, recipe: Recipe) -> tuple[Plan, str]:
-    """The plan for a site on a target that can run it (rules 3-4), and why."""
+    """The plan for a site on a target that can run it (rules 3-5), and why."""
     if site.activation not in caps.fused_activations:
         why = (f"{name} has no fused kernel for {site.activation}: GEMMs and activation run apart, "
                f"one group Hadamard-amax pass over D")
         return Plan(name, False, False, False, ""), why
     fused_amax, why = fused_amax_allowed(name, caps, recipe, site.activation)
-    return Plan(name, True, fused_amax, True, ""), why
+    if not caps.fused_d_from_stored_c:
+        why += (f"; {name}'s fused fc1 does not make D from the bf16 C it stores, so the backward cannot "
+                "rebuild D from the saved C: D's column-wise copy is saved, recompute or not")
+    return Plan(name, True, fused_amax, True, "", d_regenerable=caps.fused_d_from_stored_c), why
 
 
 def choose_plan(site: SiteSpec, recipe: Recipe, candidates: Optional[Sequence[Target]] = None) -> Plan:

@@ -31,6 +31,9 @@ class Capabilities:
         of ``fused_activations``; cuDNN's Hadamard kernel has no tanh clamp, for one).
     fused_amax_takes_sign_mask: that post-RHT amax uses the quantizer's sign mask (cuDNN's
         SM100 Hadamard kernel uses the unsigned Hadamard: False) (rule 4).
+    fused_d_from_stored_c: its fused fc1 kernel computes D from the bf16 C it stores, as the
+        unfused activation step does, so the backward can rebuild that D from the saved C
+        (cuDNN's reads the fp32 accumulator: False, and D's column-wise copy is saved) (rule 5).
     dtypes: the dtypes of x and the weights it takes.
     alignment: H and F must be multiples of it.
     activations: the activations it runs at all (None: every registered one).
@@ -40,6 +43,7 @@ class Capabilities:
     fused_amax: bool = False
     fused_amax_activations: Optional[frozenset[str]] = None
     fused_amax_takes_sign_mask: bool = False
+    fused_d_from_stored_c: bool = True
     dtypes: frozenset[torch.dtype] = frozenset({torch.bfloat16})
     alignment: int = BLOCK
     activations: Optional[frozenset[str]] = None

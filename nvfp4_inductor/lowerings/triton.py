@@ -47,7 +47,8 @@ STEPS = Steps(
     # dequant (benchmarks/NOTES.md run P1). fc1_act_amax / fc2_dgrad_act run the same
     # dequantize and the same K loop (grouped_gemm_bf16.bf16_tile_acc, natural K order, so
     # their own tile configs change no bit), so the fused steps stay bit-identical to
-    # grouped_gemm -> activation (compiled == eager).
+    # grouped_gemm -> activation: fusing changes no bit of this target's results, and D
+    # regenerates from the saved C (rule 5).
     grouped_gemm=grouped_gemm_via_bf16,
     grouped_gemm_wgrad=grouped_gemm_wgrad_via_bf16,
     activation_forward=activation_forward,
