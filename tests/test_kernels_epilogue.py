@@ -387,3 +387,43 @@ def test_gpu_k_order_and_unaligned_f():
     check_dact(GPU_CANCEL, "swiglu", True, True, "gpu dact swiglu cancelling F=640")
     args, _ = fc1_inputs(GPU_CANCEL, "swiglu", True, "gpu act swiglu cancelling F=640")
     assert_k_order_visible(args)
+
+
+@pytest.mark.parametrize("recipe", [dict(), dict(rht=False, stochastic_rounding=False, block_2d=False),
+                                    dict(sign_mask=0)], ids=["default", "plain", "mask0"])
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, activation, recipe):
+    """The eager GroupedMLP runs the Triton plan's fused steps (``nvfp4::fc1_act_amax``,
+    ``nvfp4::fc2_dgrad_act``) where it fuses them: forward and every gradient equal the same
+    target's unfused chain byte for byte, SR included (both draw their seeds in the same
+    order), so eager numbers on CUDA did not move; and no op returns an alias (torch rejects one on CUDA and CPU alike; run R0 found such a
+    bug that only the GPU had exercised)."""
+    import nvfp4_inductor as nv
+    from nvfp4_inductor import lowerings
+    from nvfp4_inductor.lowerings.triton import STEPS as TRITON
+
+    recipe = nv.Recipe(**recipe)
+    use_steps(TRITON, like="triton")
+    gen = torch.Generator().manual_seed(3)
+    sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    probs, dy = torch.rand(t, generator=gen), torch.randn(t, h, generator=gen).to(torch.bfloat16)
+
+    def run():
+        torch.manual_seed(0)
+        mlp = nv.GroupedMLP(4, h, f, activation, recipe=recipe, device=DEVICE)
+        xi, pi = x.to(DEVICE).requires_grad_(), probs.to(DEVICE).requires_grad_()
+        y = mlp(xi, sizes.to(DEVICE), pi)
+        grads = torch.autograd.grad(y, (xi, mlp.fc1_weight, mlp.fc2_weight, pi), dy.to(DEVICE))
+        return (y,) + grads
+
+    plan = lowerings.choose_plan(lowerings.SiteSpec.on(DEVICE, activation, hidden=h, ffn=f), recipe)
+    assert plan.target.endswith("_under_test") and plan.fused_fc1 and plan.fused_dgrad, plan
+    fused_chain = run()
+    # the same Triton steps, planned without fused kernels (the reference's capabilities)
+    use_steps(dataclasses.replace(TRITON, fc1_act_amax=None, fc2_dgrad_act=None), like="reference")
+    plan = lowerings.choose_plan(lowerings.SiteSpec.on(DEVICE, activation, hidden=h, ffn=f), recipe)
+    assert not (plan.fused_fc1 or plan.fused_dgrad), plan
+    unfused_chain = run()
+    for name, a, b in zip(("Y", "dX", "dW1", "dW2", "dprobs"), fused_chain, unfused_chain):
+        assert_bytes_equal(a, b, f"eager chain {name}: Triton plan with vs without its fused kernels")
