@@ -177,3 +177,13 @@ def test_expert_tiled_scales_are_the_frontend_tests_assembly():
     expected = torch.cat([to_blocked(s[:, :16]), to_blocked(s[:, 16:16]), to_blocked(s[:, 16:])])
     assert torch.equal(tiled.reshape(-1), expected)
     assert not torch.equal(expected, to_blocked(s))
+
+
+def test_batch_view_has_the_strides_the_strict_wrappers_check():
+    """(M, N) -> (M, N, 1) with strides (N, 1, M*N): what 1.32's Hadamard fc1 and dGLU
+    wrappers require of A and C (they read strides as given); found by compiling those
+    wrappers for sm_100a on a CPU, where ``unsqueeze(-1)``'s (N, 1, 1) was refused."""
+    t = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    v = L.batch_view(t)
+    assert v.shape == (6, 8, 1) and v.stride() == (8, 1, 48)
+    assert torch.equal(v[:, :, 0], t) and v.data_ptr() == t.data_ptr()

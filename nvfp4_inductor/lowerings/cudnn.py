@@ -224,7 +224,7 @@ def make_steps(fe, base):
     def operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu=False):
         a, sfa = lay.activation_operand(a_data, a_scale, rows, capacity)
         b, sfb = lay.weight_operand(b_data, b_scale, glu=glu)
-        return dict(a_tensor=a.unsqueeze(-1), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
+        return dict(a_tensor=lay.batch_view(a), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
                     sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16, m_aligned=M_ALIGNED,
                     acc_dtype=torch.float32)
 
@@ -285,7 +285,7 @@ def make_steps(fe, base):
                       **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
         if activation == "swiglu":
             out = getattr(fe, DGRAD_GLU)(
-                c_tensor=lay.interleave_glu(lay.pad_rows(c, rows, capacity), dim=-1).unsqueeze(-1),
+                c_tensor=lay.batch_view(lay.interleave_glu(lay.pad_rows(c, rows, capacity), dim=-1)),
                 alpha_tensor=lay.dglu_alpha(a_amax, b_amax), act_func="dswiglu",
                 beta_tensor=torch.ones(group_sizes.numel(), dtype=torch.float32, device=c.device), **common)
             dc = lay.deinterleave_glu(lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows), dim=-1)
@@ -293,7 +293,7 @@ def make_steps(fe, base):
             d = base.activation_forward(c, probs, activation) if regenerate else None
         else:
             out = getattr(fe, DGRAD_SRELU)(
-                c_tensor=lay.pad_rows(c, rows, capacity).unsqueeze(-1), alpha_tensor=lay.alpha(a_amax, b_amax),
+                c_tensor=lay.batch_view(lay.pad_rows(c, rows, capacity)), alpha_tensor=lay.alpha(a_amax, b_amax),
                 use_dsrelu_reuse=regenerate, **common, **clamp_kwargs(activation, tanh_clamp_scale))
             dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
             d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None

@@ -199,6 +199,14 @@ def e4m3_view(scale: torch.Tensor) -> torch.Tensor:
     return _bytes(scale).view(torch.float8_e4m3fn)
 
 
+def batch_view(t: torch.Tensor) -> torch.Tensor:
+    """(M, N) row-major -> the wrappers' (M, N, L=1) view with the batch stride a contiguous
+    (L, M, N) tensor has: strides (N, 1, M*N). ``t.unsqueeze(-1)`` would give (N, 1, 1): the
+    wrappers that read their tensors' strides as given (the Hadamard fc1 and the dGLU, which
+    describe A and C without canonical strides) reject that as not k-major / n-major."""
+    return t.unsqueeze(0).permute(1, 2, 0)
+
+
 def activation_operand(data: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor, capacity: int):
     """A row-wise grouped copy (T, K/2), (T, K/16) -> the wrappers' a_tensor (capacity, K/2)
     float4_e2m1fn_x2 and sfa_tensor (1, capacity/128, ceil(K/64), 32, 4, 4) float8_e4m3fn;

@@ -146,7 +146,21 @@ def _per_row(values: torch.Tensor, padded_offsets, rows: int) -> torch.Tensor:
     return values.float()[expert].view(-1, 1)
 
 
-def _check(a_tensor, m_aligned, sf_vec_size):
+def _check_batch_strides(name: str, t: torch.Tensor) -> None:
+    """The stride check of the wrappers that describe their tensors without canonical strides
+    (1.32's Hadamard fc1 and dGLU): an (M, N, 1) A or C must have strides (N, 1, M*N), the
+    batch stride of a contiguous (1, M, N); an ``unsqueeze(-1)`` view (N, 1, 1) is refused
+    there. Checked for every wrapper here, so a layout only some wrappers accept fails in CI."""
+    m, n, l = t.shape
+    if l == 1 and t.stride() != (n, 1, m * n):
+        raise ValueError(f"{name} stride mismatch: expected {(n, 1, m * n)}, got {t.stride()}: "
+                         f"{name} must be a (M, N, 1) view of a contiguous (1, M, N) tensor")
+
+
+def _check(a_tensor, m_aligned, sf_vec_size, c_tensor=None):
+    _check_batch_strides("a_tensor", a_tensor)
+    if c_tensor is not None:
+        _check_batch_strides("c_tensor", c_tensor)
     if m_aligned != 256:
         raise ValueError("m_aligned must be 256")
     if sf_vec_size != SF_VEC:
@@ -233,7 +247,7 @@ def grouped_gemm_dsrelu_wrapper_sm100(a_tensor, b_tensor=None, c_tensor=None, sf
                                       tanh_clamp_scale=None, current_stream=None):
     """g = alpha * acc (fp32); dA = g * f'(C) * prob; dprob += sum_n f(C) * g; with
     use_dsrelu_reuse also d_srelu = f(C) * prob (the forward's expression) in d_dtype."""
-    _check(a_tensor, m_aligned, sf_vec_size)
+    _check(a_tensor, m_aligned, sf_vec_size, c_tensor)
     g = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor)
     c = c_tensor.view(c_tensor.shape[0], -1).float()
     p = prob_tensor.view(-1, 1).float()
@@ -295,7 +309,7 @@ def grouped_gemm_dglu_wrapper_sm100(a_tensor, c_tensor, sfa_tensor, padded_offse
     sig = sigmoid(a) (the kernel: rcp.approx(1 + exp2(-a log2 e))), swish = a * sig;
     dprob += sum_n (u * swish) * g; gp = g * prob; d_up = gp * swish;
     d_gate = ((gp * u) * sig) * (a * (1 - sig) + 1); d_row interleaved like C."""
-    _check(a_tensor, m_aligned, sf_vec_size)
+    _check(a_tensor, m_aligned, sf_vec_size, c_tensor)
     if act_func != "dswiglu":
         raise NotImplementedError(f"the simulator runs act_func='dswiglu' only, not {act_func!r}")
     square = alpha_tensor.float() * alpha_tensor.float()
