@@ -275,11 +275,11 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     """Bytes read + written by every cast, amax pass and dequantization of one compiled NVFP4
     training step: recompute on, the Triton target with its fused fc1 (+ amax) and fc2-dgrad
     kernels, as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
-    forward amax x, W1, W2; casts x, W1, W2 (row + column), D (row only); dequantize x, W1, D,
-    W2 row-wise. Backward amax dY, dC; casts dY, dC (row + column, SR), the regenerated D
-    (column only, the forward's amax); dequantize dY, D, dC, x column-wise and dY, dC, W2, W1
-    for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py checks this sum against the
-    tensors those launches read and write.
+    forward amax x, W1, W2; casts x, W1, W2 (row + column), D (row only); dequantize x + W1,
+    D + W2 row-wise (one launch a GEMM). Backward amax dY, dC; casts dY, dC (row + column,
+    SR), the regenerated D (column only, the forward's amax); dequantize dY + D, dC + x
+    column-wise and dY + W2, dC + W1 for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py
+    checks this sum against the tensors those launches read and write.
 
     Counted: a pass over a bf16 source reads 2 bytes per element; a cast writes each copy
     (NVFP4_BYTES per element); a dequantization reads a copy and writes its bf16 twin (2 bytes

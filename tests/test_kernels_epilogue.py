@@ -427,3 +427,60 @@ def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, acti
     unfused_chain = run()
     for name, a, b in zip(("Y", "dX", "dW1", "dW2", "dprobs"), fused_chain, unfused_chain):
         assert_bytes_equal(a, b, f"eager chain {name}: Triton plan with vs without its fused kernels")
+
+
+# The Triton launches of one compiled training step of a SwiGLU grouped MLP with router
+# probs, default recipe (RHT, SR, 2D weight blocks, recompute), every fused kernel planned
+# (the H200's plan). Without CUDA graphs such a step is host-bound on the H200
+# (benchmarks/NOTES.md), so a change that adds a launch must change these numbers.
+STEP_LAUNCHES_FORWARD = {"_group_amax_kernel": 3, "_group_cast_kernel": 4, "_dequantize_kernel": 2,
+                         "_grouped_gemm_act_kernel": 1, "_grouped_gemm_bf16_kernel": 1}
+STEP_LAUNCHES_BACKWARD = {"_group_amax_kernel": 2, "_group_cast_kernel": 3, "_dequantize_kernel": 4,
+                          "_grouped_gemm_dact_kernel": 1, "_dp_sum_kernel": 1,
+                          "_grouped_gemm_wgrad_bf16_kernel": 2, "_grouped_gemm_bf16_kernel": 1}
+
+
+def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
+    """The Triton launches of one compiled step, forward and backward apart, counted at every
+    kernel module's ``launch`` (each imports it by name) and run for real; the step after
+    the one that compiles, so tracing's fake launches are not counted."""
+    import collections
+    import importlib
+    import pkgutil
+
+    import nvfp4_inductor as nv
+    from nvfp4_inductor.lowerings.triton import STEPS as TRITON
+
+    counts = collections.Counter()
+
+    def counting(real):
+        def launch(kernel, grid, **kwargs):
+            counts[kernel.__name__] += 1
+            real(kernel, grid, **kwargs)
+        return launch
+
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        if hasattr(module, "launch"):
+            monkeypatch.setattr(module, "launch", counting(module.launch))
+    use_steps(TRITON, like="triton")
+    gen = torch.Generator().manual_seed(5)
+    sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(4, h, f, "swiglu", device=DEVICE)
+    step = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))
+
+    def run():
+        x = torch.randn(t, h, generator=gen).to(torch.bfloat16).to(DEVICE).requires_grad_()
+        probs = torch.rand(t, generator=gen).to(DEVICE).requires_grad_()
+        counts.clear()
+        y = step(x, sizes.to(DEVICE), probs)
+        forward = dict(counts)
+        counts.clear()
+        y.backward(torch.randn(t, h, generator=gen).to(torch.bfloat16).to(DEVICE))
+        return forward, dict(counts)
+
+    run()  # compiles
+    forward, backward = run()
+    assert forward == STEP_LAUNCHES_FORWARD, forward
+    assert backward == STEP_LAUNCHES_BACKWARD, backward

@@ -2,7 +2,9 @@
 the Triton lowering's fprop/dgrad/wgrad.
 
 * ``dequantize_bf16`` bit for bit against ``formats.block_values(...).to(bf16)`` (every code,
-  both signs, subnormal to 448 scales), for a (R, C/2) copy and a (G, N, K/2) weight stack.
+  both signs, subnormal to 448 scales), for a (R, C/2) copy and a (G, N, K/2) weight stack;
+  ``dequantize_bf16_pair`` (both operands of a GEMM, one launch) the same for each output,
+  with zero blocks, uneven and empty row counts, small tiles.
 * ``grouped_gemm_via_bf16`` / ``grouped_gemm_wgrad_via_bf16`` against an fp64 matmul of the
   same exact deq() operands times alpha. The kernels accumulate in fp32 and round once to
   bf16, so per element
@@ -38,7 +40,8 @@ triton = pytest.importorskip("triton")
 from nvfp4_inductor import kernels  # noqa: E402
 from nvfp4_inductor.kernels import config  # noqa: E402
 from nvfp4_inductor.kernels.config import Bf16GemmConfig  # noqa: E402
-from nvfp4_inductor.kernels.dequantize import dequantize_bf16  # noqa: E402
+from nvfp4_inductor.kernels.config import DequantConfig  # noqa: E402
+from nvfp4_inductor.kernels.dequantize import dequantize_bf16, dequantize_bf16_pair  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -207,6 +210,72 @@ def test_dequantize_errors():
         dequantize_bf16(data.float(), torch.zeros(4, 1, dtype=torch.uint8, device=DEVICE))
 
 
+
+def edge_blocks(data, scale):
+    """Overwrite some blocks of a random copy with the edge cases: zero codes under a
+    nonzero scale, a zero scale over nonzero codes, and every subnormal scale (0x01-0x07)."""
+    data, bits = data.clone(), scale.view(torch.uint8).clone()
+    rows = data.reshape(-1, data.shape[-1])
+    srows = bits.reshape(-1, bits.shape[-1])
+    if rows.shape[0]:
+        rows[0, :8] = 0
+        srows[-1, -1] = 0
+        srows[: min(7, srows.shape[0]), 0] = torch.arange(1, 1 + min(7, srows.shape[0]), dtype=torch.uint8)
+    return data, bits.view(torch.float8_e4m3fn)
+
+
+# (shape of a's data, shape of b's data): same packed width, uneven row counts, one or both
+# empty, stacked weights against flat rows
+PAIRS = [((37, 40), (130, 40)), ((3, 5, 24), (45, 24)), ((0, 16), (9, 16)), ((9, 16), (0, 16)),
+         ((0, 8), (0, 8)), ((1, 8), (2, 3, 8))]
+
+
+@pytest.mark.parametrize("tiles", [None, DequantConfig(16, 8, 1)], ids=["default_tiles", "small_tiles"])
+@pytest.mark.parametrize("shapes", PAIRS, ids=str)
+def test_dequantize_pair_bit_exact(shapes, tiles):
+    """One launch for a GEMM's two operands: each output equals the reference bit for bit
+    (and the single-operand launcher), whatever the row counts and tiles (small tiles:
+    several row blocks of each operand and several column blocks)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"pair{shapes}".encode()))
+    a, sa = edge_blocks(*nvfp4(*shapes[0], gen=gen))
+    b, sb = edge_blocks(*nvfp4(*shapes[1], gen=gen))
+    with config.override(dequant=tiles):
+        out_a, out_b = dequantize_bf16_pair(a, sa, b, sb)
+        single = dequantize_bf16(b, sb)
+    for out, (data, scale), name in ((out_a, (a, sa), "a"), (out_b, (b, sb), "b")):
+        assert out.dtype == torch.bfloat16 and out.shape == (*data.shape[:-1], 2 * data.shape[-1]), name
+        assert_bytes_equal(out.cpu(), deq_ref(data, scale), f"dequantize pair {shapes} {name}")
+    assert_bytes_equal(single, out_b, "single-operand launcher")
+
+
+def test_dequantize_pair_is_one_launch_and_returns_no_aliases(monkeypatch):
+    """Through the registered op (as a trace sees it): one launch, and torch's alias check
+    passes (two outputs, neither a view of the other or of an input)."""
+    from nvfp4_inductor.kernels import dequantize
+
+    launches = []
+    real = dequantize.launch
+    monkeypatch.setattr(dequantize, "launch",
+                        lambda kernel, grid, **kw: launches.append(grid) or real(kernel, grid, **kw))
+    gen = torch.Generator().manual_seed(7)
+    a, sa = nvfp4(70, 16, gen=gen)
+    b, sb = nvfp4(3, 20, 16, gen=gen)
+    out_a, out_b = torch.ops.nvfp4_kernels.dequantize_bf16_pair(a, sa.view(torch.uint8), b.reshape(60, 16),
+                                                                sb.view(torch.uint8).reshape(60, 2))
+    assert len(launches) == 1, launches
+    assert_bytes_equal(out_a.cpu(), deq_ref(a, sa), "op a")
+    assert_bytes_equal(out_b.cpu(), deq_ref(b, sb).reshape(60, 32), "op b")
+
+
+def test_dequantize_pair_errors():
+    data = torch.zeros(4, 8, dtype=torch.uint8, device=DEVICE)
+    scale = torch.zeros(4, 1, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="same packed width"):
+        dequantize_bf16_pair(data, scale, data[:, :0], scale[:, :0])
+    with pytest.raises(ValueError, match="C % 16"):
+        dequantize_bf16_pair(data, scale, data, scale[:, :0])
+
+
 # ---------------------------------------------------------------------------------------
 # GEMMs: fp64 bound, determinism, the reference twins
 
@@ -299,6 +368,22 @@ def test_gpu_dequantize_big():
     for shape in [(4099, 1024), (8, 768, 1024)]:
         data, scale = nvfp4(*shape, gen=gen)
         assert_bytes_equal(dequantize_bf16(data, scale).cpu(), deq_ref(data, scale), f"gpu dequantize {shape}")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_dequantize_pair_big():
+    """The pair launch on CUDA (compiled kernel, its operand branch): both outputs bit for bit,
+    for every GEMM's operand shapes of a step (fprop: flat rows and a weight stack;
+    wgrad: two flat operands), uneven row counts, an empty operand, the edge blocks."""
+    gen = torch.Generator().manual_seed(12)
+    for shapes in [((4099, 1024), (8, 768, 1024)), ((2048, 4112), (1536, 4112)), ((0, 512), (8, 33, 512)),
+                   ((77, 512), (0, 512))]:
+        a, sa = edge_blocks(*nvfp4(*shapes[0], gen=gen))
+        b, sb = edge_blocks(*nvfp4(*shapes[1], gen=gen))
+        out_a, out_b = dequantize_bf16_pair(a, sa, b, sb)
+        assert_bytes_equal(out_a.cpu(), deq_ref(a, sa), f"gpu dequantize pair {shapes} a")
+        assert_bytes_equal(out_b.cpu(), deq_ref(b, sb), f"gpu dequantize pair {shapes} b")
 
 
 @pytest.mark.gpu

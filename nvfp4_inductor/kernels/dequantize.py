@@ -1,12 +1,20 @@
 """NVFP4 -> bf16 deq() copies: the operands of the bf16-operand grouped GEMMs
-(grouped_gemm_bf16.py).
+(grouped_gemm_bf16.py, grouped_gemm_act.py, grouped_gemm_dact.py).
 
     out[r, c] = bf16(e2m1(data)[r, c] * e4m3(scale)[r, c // 16])   (no global scale)
 
-Kernel ``_dequantize_kernel``; launcher ``dequantize_bf16``; op ``nvfp4_kernels::dequantize_bf16``.
+Kernel ``_dequantize_kernel``; launchers ``dequantize_bf16_pair`` (a GEMM's two operands,
+one launch) and ``dequantize_bf16`` (one operand); op ``nvfp4_kernels::dequantize_bf16_pair``.
 Reference twin: ``formats.block_values(data, scale).to(torch.bfloat16)`` -- bit for bit:
 deq() has at most 6 significant bits and lies in [2**-10, 2688], so it is exact in bf16
 and no rounding happens anywhere (numerics.md 7).
+
+One launch per GEMM: both operands of every GEMM here have the same packed width (fprop /
+dgrad: K-major, K = H or F; wgrad: rows of P padded tokens), so one grid covers the row
+blocks of a, then those of b, and each program picks its operand from its row-block
+index (a compiled training step makes 6 such launches instead of 12: host time on the
+H200, benchmarks/NOTES.md). The two outputs are separate tensors: an op may not return
+aliases of each other. A single operand is the pair with an empty b.
 
 Arithmetic: integer bit placement, no fp8 casts:
 * a code c (4 bits) placed as ``(c & 7) << 9 | (c & 8) << 12`` is the fp16 bit pattern of
@@ -21,8 +29,8 @@ Each product (low nibble: element 2i, high nibble: element 2i+1) is widened to f
 truncating cast gives the same bits), then the two are interleaved.
 
 Memory-bound: reads 0.5625 B and writes 2 B per element. A program owns BR rows and
-BC packed bytes (2 BC elements) of one row block, so each thread loads 16 contiguous bytes
-and stores 32 contiguous bf16 (four 16-byte stores). Inputs of any leading shape
+BC packed bytes (2 BC elements) of one row block of one operand, so each thread loads
+16 contiguous bytes and stores 32 contiguous bf16 (four 16-byte stores). Inputs of any leading shape
 (R, C/2) + (R, C/16) or (G, N, K/2) + (G, N, K/16) are flattened to rows. Tiles:
 ``config.dequant_config``.
 """
@@ -61,10 +69,11 @@ def _expand_scales(s, R: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _dequantize_kernel(data_ptr, scale_ptr, out_ptr, R, C2, BR: tl.constexpr, BC: tl.constexpr):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    kh = tl.program_id(1) * BC + tl.arange(0, BC)  # packed byte columns
-    kb = tl.program_id(1) * (BC // 8) + tl.arange(0, BC // 8)  # 16-element block columns
+def _dequantize_rows(data_ptr, scale_ptr, out_ptr, R, C2, row_block, col_block, BR: tl.constexpr, BC: tl.constexpr):
+    """Rows row_block * BR + [0, BR), packed bytes col_block * BC + [0, BC) of one operand."""
+    rows = row_block * BR + tl.arange(0, BR)
+    kh = col_block * BC + tl.arange(0, BC)  # packed byte columns
+    kb = col_block * (BC // 8) + tl.arange(0, BC // 8)  # 16-element block columns
     row_ok = rows < R
     r64 = rows.to(tl.int64)
     data = tl.load(data_ptr + r64[:, None] * C2 + kh[None, :], mask=row_ok[:, None] & (kh < C2)[None, :], other=0)
@@ -74,37 +83,74 @@ def _dequantize_kernel(data_ptr, scale_ptr, out_ptr, R, C2, BR: tl.constexpr, BC
     lo = (lo.to(tl.float32) * 16384.0).to(tl.bfloat16)  # exact: deq() * 2**-14 -> deq()
     hi = (hi.to(tl.float32) * 16384.0).to(tl.bfloat16)
     vals = tl.reshape(tl.join(lo, hi), (BR, 2 * BC))  # elements 2i, 2i+1 interleaved
-    cols = tl.program_id(1) * (2 * BC) + tl.arange(0, 2 * BC)
+    cols = col_block * (2 * BC) + tl.arange(0, 2 * BC)
     out_ptrs = out_ptr + r64[:, None] * (2 * C2) + cols[None, :]
     tl.store(out_ptrs, vals, mask=row_ok[:, None] & (cols < 2 * C2)[None, :])
 
 
-@kernel_op("nvfp4_kernels::dequantize_bf16")
-def _dequantize_op(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """data (R, C/2) uint8, scale (R, C/16) uint8 bits, both contiguous -> (R, C) bf16."""
-    rows, half = data.shape
-    out = data.new_empty(rows, 2 * half, dtype=torch.bfloat16)
-    if out.numel() == 0:
-        return out
+@triton.jit
+def _dequantize_kernel(a_data_ptr, a_scale_ptr, a_out_ptr, RA, b_data_ptr, b_scale_ptr, b_out_ptr, RB, C2,
+                       BR: tl.constexpr, BC: tl.constexpr):
+    """Row blocks of a first, then of b: the program's row block picks its operand."""
+    a_blocks = tl.cdiv(RA, BR)
+    rb = tl.program_id(0)
+    if rb < a_blocks:
+        _dequantize_rows(a_data_ptr, a_scale_ptr, a_out_ptr, RA, C2, rb, tl.program_id(1), BR, BC)
+    else:
+        _dequantize_rows(b_data_ptr, b_scale_ptr, b_out_ptr, RB, C2, rb - a_blocks, tl.program_id(1), BR, BC)
+
+
+@kernel_op("nvfp4_kernels::dequantize_bf16_pair")
+def _dequantize_op(
+    a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """data (R, C/2) uint8, scale (R, C/16) uint8 bits, both contiguous, the same C for a and
+    b -> ((Ra, C), (Rb, C)) bf16: two outputs, so neither aliases the other."""
+    a_rows, half = a_data.shape
+    b_rows = b_data.shape[0]
+    a_out = a_data.new_empty(a_rows, 2 * half, dtype=torch.bfloat16)
+    b_out = b_data.new_empty(b_rows, 2 * half, dtype=torch.bfloat16)
     cfg = dequant_config()
     launch(
-        _dequantize_kernel, (cdiv(rows, cfg.block_r), cdiv(half, cfg.block_c)),
-        data_ptr=data, scale_ptr=scale, out_ptr=out, R=rows, C2=half,
+        _dequantize_kernel, (cdiv(a_rows, cfg.block_r) + cdiv(b_rows, cfg.block_r), cdiv(half, cfg.block_c)),
+        a_data_ptr=a_data, a_scale_ptr=a_scale, a_out_ptr=a_out, RA=a_rows,
+        b_data_ptr=b_data, b_scale_ptr=b_scale, b_out_ptr=b_out, RB=b_rows, C2=half,
         BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
     )
-    return out
+    return a_out, b_out
+
+
+def _rows(data: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked (rows, C/2) data and (rows, C/16) uint8 scale bits, contiguous."""
+    if data.dim() < 1 or data.dtype != torch.uint8:
+        raise ValueError(f"{name}: data must be packed uint8 (..., C/2), got {data.dtype} {tuple(data.shape)}")
+    half = data.shape[-1]
+    if half % 8 or scale.shape != (*data.shape[:-1], half // 8):
+        raise ValueError(f"{name}: need C % 16 == 0 and scale (..., C/16); got data "
+                         f"{tuple(data.shape)}, scale {tuple(scale.shape)}")
+    bits = scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale
+    return data.reshape(-1, half).contiguous(), bits.reshape(-1, half // 8).contiguous()
+
+
+def dequantize_bf16_pair(
+    a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dequantize_bf16`` of a GEMM's two operands in one launch: (deq(a), deq(b)). Their
+    packed widths must be equal, as they are for every GEMM here (fprop/dgrad: both
+    K-major; wgrad: both rows of P tokens)."""
+    if a_data.shape[-1:] != b_data.shape[-1:]:
+        raise ValueError(f"dequantize_bf16_pair: a and b need the same packed width, got data "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    a, b = _dequantize_op(*_rows(a_data, a_scale, "dequantize_bf16_pair"),
+                          *_rows(b_data, b_scale, "dequantize_bf16_pair"))
+    return a.view(*a_data.shape[:-1], a.shape[1]), b.view(*b_data.shape[:-1], b.shape[1])
 
 
 def dequantize_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """deq() of an NVFP4 copy as bf16: data (..., C/2) uint8 and scale (..., C/16) E4M3
     (or its uint8 bits) -> (..., C) bf16, equal bit for bit to
-    ``formats.block_values(data, scale).to(torch.bfloat16)`` (global scale not applied)."""
-    if data.dim() < 1 or data.dtype != torch.uint8:
-        raise ValueError(f"dequantize_bf16: data must be packed uint8 (..., C/2), got {data.dtype} {tuple(data.shape)}")
-    half = data.shape[-1]
-    if half % 8 or scale.shape != (*data.shape[:-1], half // 8):
-        raise ValueError(f"dequantize_bf16: need C % 16 == 0 and scale (..., C/16); got data "
-                         f"{tuple(data.shape)}, scale {tuple(scale.shape)}")
-    bits = scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale
-    out = _dequantize_op(data.reshape(-1, half).contiguous(), bits.reshape(-1, half // 8).contiguous())
-    return out.view(*data.shape[:-1], 2 * half)
+    ``formats.block_values(data, scale).to(torch.bfloat16)`` (global scale not applied).
+    The pair launch with an empty second operand."""
+    rows, bits = _rows(data, scale, "dequantize_bf16")
+    out, _ = _dequantize_op(rows, bits, rows[:0], bits[:0])
+    return out.view(*data.shape[:-1], out.shape[1])

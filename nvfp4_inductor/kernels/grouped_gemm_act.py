@@ -12,10 +12,11 @@ fp32 summation order, which is grouped_gemm_via_bf16's (same tile config, same K
 
 Why the bits match:
 * C: the launcher dequantizes both operands to transient bf16 deq() copies
-  (``dequantize.dequantize_bf16``, as ``grouped_gemm_via_bf16`` does), and the kernel calls
-  ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of ``_grouped_gemm_bf16_kernel``, one
-  copy for the three kernels (natural K order, so the tile config -- ``bf16_gemm_config("act")``,
-  which may differ from the unfused GEMM's -- changes no bit), then bf16(acc * alpha_g) with
+  in one launch (``dequantize.dequantize_bf16_pair``, as ``grouped_gemm_via_bf16`` does),
+  and the kernel calls ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of
+  ``_grouped_gemm_bf16_kernel``, one copy for the three kernels (natural K order, so the
+  tile config -- ``bf16_gemm_config("act")``, which may differ from the unfused GEMM's --
+  changes no bit), then bf16(acc * alpha_g) with
   integer RNE (``gemm_common.gemm_out_bits``, the unfused kernel's ``store_bf16`` value).
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
   the epilogue can be contracted with anything of the activation) and
@@ -53,7 +54,7 @@ from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
-from .dequantize import dequantize_bf16
+from .dequantize import dequantize_bf16_pair
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
 
@@ -214,7 +215,7 @@ def grouped_gemm_act(
 
     a: x's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W1's row-wise copies
     (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first). The bf16
-    deq() copies of a and b (``dequantize_bf16``) live only inside this call."""
+    deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call."""
     check_gemm_operands("grouped_gemm_act", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     if is_gated(act) and b_data.shape[1] % 2:
@@ -223,8 +224,7 @@ def grouped_gemm_act(
         raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if not 0 <= sign_mask < 2**16:
         raise ValueError(f"grouped_gemm_act: sign_mask must be a 16-bit mask, got {sign_mask:#x}")
-    a = dequantize_bf16(a_data, a_scale)
-    b = dequantize_bf16(b_data, b_scale)
+    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     c, d, pre, post = _grouped_gemm_act_op(
         a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         probs.contiguous() if probs is not None else None, act, clamp, int(sign_mask), bool(want_amax),

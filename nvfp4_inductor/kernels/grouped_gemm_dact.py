@@ -11,7 +11,7 @@ summation order, which is grouped_gemm_via_bf16's.
 
 Why the bits match:
 * G: the launcher dequantizes dY's and W2's copies to transient bf16 deq() copies
-  (``dequantize_bf16``, as ``grouped_gemm_via_bf16`` does); the kernel runs
+  (``dequantize_bf16_pair``, one launch, as ``grouped_gemm_via_bf16`` does); the kernel runs
   grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
   tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
   bf16(acc * alpha_g) with integer RNE (``gemm_common.gemm_out_bits``), widened from its bits.
@@ -38,7 +38,7 @@ import triton.language as tl
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from .dequantize import dequantize_bf16
+from .dequantize import dequantize_bf16_pair
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
 from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
@@ -147,7 +147,7 @@ def grouped_gemm_dact(
 
     a: dY's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W2's column-wise
     copies (G, F, H/2), (G, F, H/16), amax (G,); c: the saved pre-activation (T, F1) bf16.
-    The bf16 deq() copies of a and b (``dequantize_bf16``) live only inside this call."""
+    The bf16 deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call."""
     check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     f = b_data.shape[1]
@@ -158,8 +158,7 @@ def grouped_gemm_dact(
         raise ValueError(f"grouped_gemm_dact: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if probs is not None and f % 16:
         raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
-    a = dequantize_bf16(a_data, a_scale)
-    b = dequantize_bf16(b_data, b_scale)
+    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     dc, dp, d = _grouped_gemm_dact_op(
         a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         c.contiguous(), probs.contiguous() if probs is not None else None, act, clamp, bool(regenerate),
