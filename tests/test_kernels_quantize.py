@@ -217,6 +217,46 @@ def test_group_quantize_outputs_alias_nothing(rht, supplied):
         torch.ops.nvfp4.group_quantize(x, sizes, True, True, rht, 0xD7E8, False, given, None)
 
 
+def test_cast_op_writes_amax_outputs_that_alias_nothing():
+    """The cast op's amax outputs are its own copies of the amaxes it was given (one tensor
+    for both here): equal values, and through the dispatcher, which rejects an output that
+    aliases an input or another output."""
+    x = torch.randn(40, 32, generator=torch.Generator().manual_seed(4)).bfloat16().to(DEVICE)
+    sizes = torch.tensor([10, 0, 30], device=DEVICE)
+    amax = torch.rand(3, device=DEVICE) + 1
+    *_, row, col = torch.ops.nvfp4_kernels.group_cast(x, sizes, amax, amax, None, True, True, False, 0, False,
+                                                      False, 64, False)
+    assert_bytes_equal(row, amax, "row-wise amax output")
+    assert_bytes_equal(col, amax, "column-wise amax output")
+
+
+def test_supplied_amaxes_cost_no_torch_copy(monkeypatch):
+    """group_quantize with both amaxes supplied (the fused ops' casts of D): no torch op
+    besides allocations and views -- each would be a launch of its own on CUDA. The cast
+    kernel writes the returned amaxes (launches stubbed here: only the host code runs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nvfp4_inductor.kernels import group_amax, group_cast
+
+    for module in (group_amax, group_cast):
+        monkeypatch.setattr(module, "launch", lambda kernel, grid, **kw: None)
+    class Ops(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not (func.is_view or func.__name__.split(".")[0] in ("empty", "new_empty", "empty_strided")):
+                self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(40, 32).bfloat16().to(DEVICE)
+    sizes = torch.tensor([10, 0, 30], device=DEVICE)
+    row, col, seed = torch.rand(3, device=DEVICE), torch.rand(3, device=DEVICE), torch.tensor(7, device=DEVICE)
+    with Ops() as ops:
+        kernels.group_quantize(x, sizes, rowwise=True, columnwise=True, rht=True, stochastic_rounding=True,
+                               rowwise_amax=row, columnwise_amax=col, seed=seed)
+    assert ops.seen == [], ops.seen
+
+
 @pytest.mark.parametrize("name", list(SINGLE_CASES))
 def test_quantize_matches_reference(name):
     x = random_input(48, 64, seed=len(name))
@@ -389,7 +429,7 @@ def test_ops_registered_with_fake_impls():
         sizes = torch.empty(3, dtype=torch.int64, device=DEVICE)
         out = torch.ops.nvfp4_kernels.group_cast(x, sizes, torch.empty(3), torch.empty(3), None,
                                                  True, True, True, 0xD7E8, False, False, 96, False)
-        assert [tuple(t.shape) for t in out] == [(40, 16), (40, 2), (32, 48), (32, 6), (4,)]
+        assert [tuple(t.shape) for t in out] == [(40, 16), (40, 2), (32, 48), (32, 6), (4,), (3,), (3,)]
         pre, post = torch.ops.nvfp4_kernels.group_amax(x, sizes, True, True, 0xD7E8, 96)
         assert pre.shape == post.shape == (3,)
 
@@ -494,3 +534,15 @@ def test_gpu_encoder_tables():
     test_e2m1_stochastic_at_every_threshold()
     for seed in (0, 2**40 + 5):
         test_philox_matches_reference(seed)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cast_amax_outputs():
+    """The cast kernel's amax outputs (program (0, 0) copies them) compiled for the GPU, and
+    through triton_op; supplied amaxes against the reference there."""
+    test_cast_op_writes_amax_outputs_that_alias_nothing()
+    for rht in (False, True):
+        test_group_quantize_outputs_alias_nothing(rht, True)
+    for name in ("supplied_row_amax_no_rht", "supplied_both_rht"):
+        test_quantize_matches_reference(name)

@@ -7,7 +7,10 @@ with the same arguments and return types, bit for bit the same results.
     group_hadamard_amax(x, sizes, mask)  <-> numerics.group_hadamard_amax_torch (pre, post)
 
 Each call is at most two launches: ``nvfp4_kernels::group_amax`` (only for amaxes not
-supplied) and ``nvfp4_kernels::group_cast``. Nothing reads group sizes on the host.
+supplied) and ``nvfp4_kernels::group_cast``, plus a zero fill per amax computed (the
+atomic maxima start at 0). The amaxes returned are the cast's amax outputs (copies it
+writes of the amaxes it used), so like the references' they alias no supplied amax and
+no other output, with no copy launch of their own. Nothing reads group sizes on the host.
 Differences from the references, on purpose:
 * ``quantize(..., block_2d=True, columnwise=True, rht=True)`` raises NotImplementedError:
   numerics.md 3 says weights (the 2D-quantized tensors) are never transformed.
@@ -68,9 +71,9 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks
 
 
 def _amaxes(x, sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax):
-    """The (row-wise, column-wise) amaxes the references use, computing only what is missing.
-    As the references' (``numerics._owned``), they never alias a supplied amax or each other:
-    the ``nvfp4::`` ops may not return an alias of an input or of another output."""
+    """The (row-wise, column-wise) amaxes the references use, computing only what is missing:
+    fp32 (G,) inputs of the cast, which may be a supplied amax or one tensor for both (the
+    cast's amax outputs are its own copies, so nothing returned aliases them)."""
     groups = sizes.shape[0]
     need_pre = (rowwise and rowwise_amax is None) or (
         columnwise and not rht and columnwise_amax is None and rowwise_amax is None
@@ -80,20 +83,20 @@ def _amaxes(x, sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_ama
     if need_pre or need_post:
         pre, post = group_amax(x, sizes, need_pre, need_post, sign_mask, capacity)
 
-    def owned(amax):
-        return amax.to(torch.float32, copy=True).reshape(groups)
+    def given(amax):  # a new tensor only when the dtype differs (the cast reads fp32)
+        return amax.to(torch.float32).reshape(groups).contiguous()
 
-    row = (owned(rowwise_amax) if rowwise_amax is not None else pre) if rowwise else None
+    row = (given(rowwise_amax) if rowwise_amax is not None else pre) if rowwise else None
     if not columnwise:
         col = None
     elif columnwise_amax is not None:
-        col = owned(columnwise_amax)
+        col = given(columnwise_amax)
     elif rht:
         col = post
     elif rowwise_amax is not None:
-        col = owned(rowwise_amax)
+        col = given(rowwise_amax)
     else:
-        col = pre.clone() if rowwise else pre  # both copies use the pre-RHT amax
+        col = pre  # both copies use the pre-RHT amax
     return row, col
 
 
@@ -119,7 +122,7 @@ def quantize(
     m = x.shape[0]
     sizes = torch.full((1,), m, dtype=torch.int64, device=x.device)  # one group of M tokens, no padding
     row_amax, col_amax = _amaxes(x, sizes, m, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax)
-    row_data, row_scale, col_data, col_scale, _ = group_cast(
+    row_data, row_scale, col_data, col_scale, _, row_amax, col_amax = group_cast(
         x, sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, x.numel() // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, block_2d, stochastic_rounding, m, False,
     )
@@ -156,17 +159,17 @@ def group_quantize(
     row_amax, col_amax = _amaxes(
         x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
     )
-    row_data, row_scale, col_data, col_scale, pad_off = group_cast(
+    row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, max(x.numel(), capacity * x.shape[1]) // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
         row_scale.view(_E4M3) if rowwise else None,
-        row_amax,
+        row_amax if rowwise else None,
         col_data if columnwise else None,
         col_scale.view(_E4M3) if columnwise else None,
-        col_amax,
+        col_amax if columnwise else None,
         pad_off,
         group_sizes.to(torch.int64),
     )
@@ -183,7 +186,7 @@ def quantize_weights(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightSt
     _check_input(x, "quantize_weights")
     sizes = torch.full((g,), n, dtype=torch.int64, device=w.device)
     amax, _ = group_amax(x, sizes, True, False, 0, g * n)
-    row_data, row_scale, col_data, col_scale, _ = group_cast(
+    row_data, row_scale, col_data, col_scale, *_ = group_cast(
         x, sizes, amax, amax, None, True, True, False, 0, block_2d, False, n, True,
     )
     return NVFP4WeightStack(

@@ -52,6 +52,11 @@ def _group_amax_kernel(
         tl.atomic_max(post_ptr + g, rht_round(tl.max(acc_post, axis=1)), mask=in_group)
 
 
+def _output(x: torch.Tensor, groups: int, wanted: bool) -> torch.Tensor:
+    """An amax output: zeros (the atomic maxima start there), or empty when not asked for."""
+    return x.new_zeros(groups, dtype=torch.float32) if wanted else x.new_empty(0, dtype=torch.float32)
+
+
 @kernel_op("nvfp4_kernels::group_amax")
 def group_amax(
     x: torch.Tensor, group_sizes: torch.Tensor, pre: bool, post: bool, sign_mask: int, capacity: int
@@ -59,13 +64,13 @@ def group_amax(
     """Per-group (pre-RHT amax, post-RHT amax), fp32 (G,) each, of x (T, K).
 
     capacity: the padded token count the groups fit in (numerics.columnwise_capacity(T, G),
-    or T when every group size is a multiple of 16). An amax not asked for is all zeros.
+    or T when every group size is a multiple of 16). An amax not asked for is an empty (0,)
+    tensor: no zero fill (a launch on CUDA) for what nobody reads.
     """
     x = x.contiguous()
     tokens, k = x.shape
     groups = group_sizes.shape[0]
-    pre_amax = x.new_zeros(groups, dtype=torch.float32)
-    post_amax = x.new_zeros(groups, dtype=torch.float32)
+    pre_amax, post_amax = _output(x, groups, pre), _output(x, groups, post)
     if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
         return pre_amax, post_amax
     cfg = amax_config(capacity, k)

@@ -10,7 +10,9 @@ Token j of every run is one (R, BK) register tile (x0 .. x15), so the RHT along 
 is plain elementwise fp32 math on 16 tiles (``_nvfp4.rht16``), in the pinned order.
 Each run belongs to one group (or to the unused tail past p_G, written as zeros), found
 inside the kernel from prefix sums of the group sizes (``_nvfp4.group_of_runs``): no host
-sync, one launch for all groups; program (0, 0) also writes the padded offsets p_0..p_G.
+sync, one launch for all groups; program (0, 0) also writes the padded offsets p_0..p_G
+and the amax outputs: copies of the amaxes the cast uses (an op's outputs may alias no
+input; copied here, a supplied amax costs no copy launch of its own).
 
     padded rows  | r0 ............................. r0+BM |
     runs         | run 0 (16 rows) | run 1 | ... | run R-1 |
@@ -114,7 +116,7 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 @triton.jit
 def _group_cast_kernel(
     x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
-    row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr,
+    row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
@@ -133,8 +135,14 @@ def _group_cast_kernel(
     # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
     gi = tl.arange(0, BLOCK_G)
     first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
-    tl.store(pad_off_ptr + 1 + gi, pad_end, mask=(gi < G) & first)
+    mine = (gi < G) & first
+    tl.store(pad_off_ptr + 1 + gi, pad_end, mask=mine)
     tl.store(pad_off_ptr + gi, tl.zeros_like(pad_end), mask=(gi == 0) & first)
+    # ... and the amax outputs, copies of the amaxes it casts with (an op may not return its input)
+    if ROWWISE:
+        tl.store(row_amax_out_ptr + gi, tl.load(row_amax_ptr + gi, mask=mine), mask=mine)
+    if COLUMNWISE:
+        tl.store(col_amax_out_ptr + gi, tl.load(col_amax_ptr + gi, mask=mine), mask=mine)
     seed = 0
     if SR:
         seed = tl.load(seed_ptr)
@@ -321,15 +329,17 @@ def group_cast(
     stochastic_rounding: bool,
     capacity: int,
     stacked: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,)).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,), contiguous;
+    they may be one tensor, or alias anything: they are only read).
 
     capacity: column-wise width P (grouped: numerics.columnwise_capacity(T, G); one
     group of T tokens, T % 16 == 0: T; stacked: N = T / G, the rows of one group).
     seed: int64 (1,) on x's device (read only with stochastic_rounding).
     Returns (row data (T, K/2) uint8, row scales (T, K/16) uint8, column-wise data
     (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) [(G, K, N/16)],
-    padded offsets int64 (G+1,)); a copy not asked for is an empty (0,) uint8 tensor.
+    padded offsets int64 (G+1,), row-wise amax, column-wise amax (fp32 (G,): new tensors
+    holding the amaxes given)); a copy not asked for is an empty (0,) tensor.
     """
     x = x.contiguous()
     tokens, k = x.shape
@@ -344,11 +354,13 @@ def group_cast(
     col_data = alloc(columnwise, *lead, capacity // 2)
     col_scale = alloc(columnwise, *lead, capacity // BLOCK)
     col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
+    row_amax_out = x.new_empty(groups if rowwise else 0, dtype=torch.float32)
+    col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity
     cfg = cast_config(rows_total, k, rht=columnwise and rht, sr=stochastic_rounding)
     grid = (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k), 1))
     if groups == 0:
-        return row_data, row_scale, col_data, col_scale, pad_off.zero_()
+        return row_data, row_scale, col_data, col_scale, pad_off.zero_(), row_amax_out, col_amax_out
     launch(
         _group_cast_kernel, grid,
         x_ptr=x, sizes_ptr=group_sizes.contiguous(), pad_off_ptr=pad_off,
@@ -356,10 +368,11 @@ def group_cast(
         seed_ptr=seed if stochastic_rounding else x,
         row_data_ptr=row_data if rowwise else x, row_scale_ptr=row_scale if rowwise else x,
         col_word_ptr=col_words if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
+        row_amax_out_ptr=row_amax_out if rowwise else x, col_amax_out_ptr=col_amax_out if columnwise else x,
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
         SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(next_power_of_2(groups), 2),
         BM=cfg.block_m, BK=cfg.block_k, **cfg.launch_options(),
     )
-    return row_data, row_scale, col_data, col_scale, pad_off
+    return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

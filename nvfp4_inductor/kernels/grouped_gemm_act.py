@@ -167,14 +167,15 @@ def _grouped_gemm_act_op(
     want_amax: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); every tensor contiguous. Returns
-    (C (T, F1), D (T, F) bf16, pre (G,), post (G,) fp32; the amaxes are zeros unless want_amax)."""
+    (C (T, F1), D (T, F) bf16, pre (G,), post (G,) fp32; the amaxes are empty unless want_amax)."""
     tokens, k = a.shape
     groups, f1, _ = b.shape
     f = f1 // 2 if is_gated(act) else f1
     c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
     d = a.new_empty(tokens, f, dtype=torch.bfloat16)
-    pre = a.new_zeros(groups, dtype=torch.float32)
-    post = a.new_zeros(groups, dtype=torch.float32)
+    # zeros for the atomic maxima; empty when not asked for (a fill is a launch on CUDA)
+    pre = a.new_zeros(groups if want_amax else 0, dtype=torch.float32)
+    post = a.new_zeros(groups if want_amax else 0, dtype=torch.float32)
     if tokens == 0 or f == 0 or groups == 0:
         return c, d, pre, post
     cfg = epilogue_config("act", act, a.device)
