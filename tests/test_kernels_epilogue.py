@@ -448,6 +448,8 @@ def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
     import importlib
     import pkgutil
 
+    from torch._dynamo.utils import counters
+
     import nvfp4_inductor as nv
     from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
@@ -468,6 +470,10 @@ def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     torch.manual_seed(0)
     mlp = nv.GroupedMLP(4, h, f, "swiglu", device=DEVICE)
+    # earlier tests' entries for GroupedMLP.forward could reach Dynamo's recompile limit,
+    # which would run this step eagerly (other launches): start from an empty cache
+    torch._dynamo.reset()
+    counters.clear()
     step = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))
 
     def run():
@@ -481,6 +487,7 @@ def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
         return forward, dict(counts)
 
     run()  # compiles
+    assert counters["nvfp4"]["sites_rewritten"] == 1, dict(counters["nvfp4"])  # the fused ops run
     forward, backward = run()
     assert forward == STEP_LAUNCHES_FORWARD, forward
     assert backward == STEP_LAUNCHES_BACKWARD, backward
