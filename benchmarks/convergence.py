@@ -1,5 +1,5 @@
 """Question: does a small MoE language model trained with ``backend="nvfp4"`` learn like
-the same model in BF16, and what does each part of the recipe contribute? (issue 17)
+the same model in BF16, and what does each part of the recipe contribute?
 
 The model is written as a user would write it, in plain PyTorch: byte embedding plus a
 learned position embedding, pre-norm blocks of causal attention

@@ -1,5 +1,5 @@
 """Question: how fast and how lean is NVFP4 grouped-MLP training (forward + backward)
-compared with BF16, per implementation, at the issue's shapes, with and without CUDA graphs,
+compared with BF16, per implementation, at the shapes S1-S4 below, with and without CUDA graphs,
 and how far is it from what its GEMMs and quantization bytes allow?
 
 Rows (one process, one GPU), per shape, activation and CUDA-graph setting: BF16

@@ -1,4 +1,4 @@
-"""CPU smoke test of benchmarks/convergence.py (issue 17): a few steps of a tiny config of
+"""CPU smoke test of benchmarks/convergence.py: a few steps of a tiny config of
 the MoE language model with the nvfp4 backend (compiler="aot_eager"): every MoE layer is
 rewritten, the loss is finite and goes down, and recompute on == off bit for bit (losses
 and parameters after the steps). The real convergence run is on the GPU (README)."""
