@@ -34,6 +34,7 @@ from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from .activations import get_activation
 from .distributed import local_operands
 from .lowerings import SiteSpec, choose_plan
+from .numerics import copy_amaxes
 from .recipe import Recipe
 from .saved import SavedForBackward
 from .validate import check_grouped_mlp_args
@@ -66,9 +67,8 @@ class _GroupedMLPChain(torch.autograd.Function):
         else:
             c = nvfp4.grouped_gemm(*fc1, target)
             d = nvfp4.activation(c, probs, activation, tanh_clamp_scale, target)
-        # rule 2: the epilogue's amaxes where the plan takes them (the column-wise cast uses
-        # the post-RHT one, or the pre-RHT one without RHT), as the compiled forward does
-        amax = (pre_rht, post_rht if recipe.rht else pre_rht) if plan.fused_amax else (None, None)
+        # rule 2: the epilogue's amaxes where the plan takes them, as the compiled forward does
+        amax = copy_amaxes(pre_rht, post_rht, recipe.rht) if plan.fused_amax else (None, None)
         dq = _group_quantize(d, group_sizes, recipe, target, stochastic=False, amax=amax)
         y = nvfp4.grouped_gemm(dq[0], dq[1], dq[2], w2q[0], w2q[1], w2q[4], group_sizes, target)
         saved = SavedForBackward(

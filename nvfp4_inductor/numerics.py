@@ -405,6 +405,13 @@ def group_quantize_torch(
     return out
 
 
+def copy_amaxes(pre_rht: torch.Tensor, post_rht: torch.Tensor, rht: bool):
+    """(row-wise, column-wise) amaxes of a tensor's two copies, from its pre- and post-RHT
+    amaxes: the column-wise copy reads the post-RHT one only where it is transformed (what
+    the quantizers compute themselves; numerics.md 6 rule 2 for D's casts)."""
+    return pre_rht, post_rht if rht else pre_rht
+
+
 def group_hadamard_amax_torch(x: torch.Tensor, group_sizes: torch.Tensor, sign_mask: int):
     """Per-group (pre-RHT amax, post-RHT amax) of a (T, K) bf16 tensor: exactly the amaxes
     ``group_quantize_torch`` computes for its row-wise and column-wise RHT copies."""

@@ -45,7 +45,7 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
-from ..numerics import columnwise_capacity, draw_seed
+from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
@@ -120,14 +120,15 @@ def grouped_mlp_fwd(
                 w1_amax=w1q.amax)
     del xq, w1q
     if recompute:
-        pre_rht, post_rht = amax if amax is not None else steps.group_hadamard_amax(d, group_sizes, sign_mask)
-        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=pre_rht)
-        kept.update(d_col_amax=post_rht if rht else pre_rht, d_col_data=d.new_empty(0, dtype=torch.uint8),
+        pre_post = amax if amax is not None else steps.group_hadamard_amax(d, group_sizes, sign_mask)
+        row_amax, col_amax = copy_amaxes(*pre_post, rht)
+        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=row_amax)
+        kept.update(d_col_amax=col_amax, d_col_data=d.new_empty(0, dtype=torch.uint8),
                     d_col_scale=d.new_empty(0, dtype=torch.float8_e4m3fn))
     else:  # the epilogue's amaxes are the ones group_quantize would compute (without RHT: pre)
-        given = {} if amax is None else {"rowwise_amax": amax[0], "columnwise_amax": amax[1] if rht else amax[0]}
+        row_amax, col_amax = copy_amaxes(*amax, rht) if amax is not None else (None, None)
         dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                  **given)
+                                  rowwise_amax=row_amax, columnwise_amax=col_amax)
         kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
     w2q = steps.quantize_weights(fc2_weight, block_2d=block_2d)
