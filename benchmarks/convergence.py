@@ -33,8 +33,11 @@ Runs (``--runs``, any subset):
     PYTHONPATH=. python benchmarks/convergence.py --from-json a.json b.json --out ...   # merge, table, plot
 
 Output: a table (train loss as the mean of the last 20 steps, final validation loss, its
-gap relative to bf16, tokens/s of the training steps after the first), ``<out>.json`` with the curves, and
-``<out>.png`` when matplotlib is importable (``pip install matplotlib``).
+gap relative to the bf16 run of the same seed, tokens/s of the training steps after the first),
+``<out>.json`` with the curves, and ``<out>.png`` when matplotlib is importable (``pip install
+matplotlib``). Every result records its ``seed``; a merge of JSONs from different seeds keeps
+the runs apart (run names get " s<seed>" in the table, ", seed <seed>" in the plot, one line
+style per seed and a third panel of the final validation losses by run and seed).
 """
 
 from __future__ import annotations
@@ -305,7 +308,7 @@ def train_run(run, cfg, tc, train, val, device="cpu", progress=True):
             bar.set_postfix_str(f"loss {loss:.3f}" + (f" val {val_curve[-1][1]:.3f}" if val_curve else ""))
     if bar:
         bar.close()
-    result = {"run": run, "label": RUNS[run][0], "train": train_curve, "val": val_curve,
+    result = {"run": run, "label": RUNS[run][0], "seed": tc.seed, "train": train_curve, "val": val_curve,
               "tokens_per_s": timed_tokens / timed if timed else float("nan"),
               "final_train": _tail_mean(train_curve), "final_val": val_curve[-1][1] if val_curve else float("nan")}
     return result, model
@@ -345,15 +348,30 @@ class _LineProgress:
 # ----------------------------------------------------------------------------- report
 
 
+def seeds_of(results):
+    """The seeds the results were trained with, sorted (a result without one counts as None)."""
+    return sorted({r.get("seed") for r in results}, key=lambda s: (s is None, s))
+
+
+def run_name(r, multi_seed):
+    return f"{r['run']} s{r.get('seed')}" if multi_seed else r["run"]
+
+
 def table(results):
+    """One row per result; the gap is against the first bf16 result of the same seed."""
     from nvfp4_inductor.inspection import format_table
-    base = next((r for r in results if r["run"] == "bf16"), None)
+    multi = len(seeds_of(results)) > 1
+    bases = {}
+    for r in results:
+        if r["run"] == "bf16":
+            bases.setdefault(r.get("seed"), r)
     rows = []
     for r in results:
+        base = bases.get(r.get("seed"))
         gap = (f"{100 * (r['final_val'] / base['final_val'] - 1):+.2f}%" if base and r is not base else
                ("-" if r is base else "n/a"))
         bits = {True: "yes", False: "NO"}.get(r.get("bitwise_equal_to_nvfp4"), "")
-        rows.append([r["run"], r["label"], f"{r['final_train']:.4f}", f"{r['final_val']:.4f}", gap,
+        rows.append([run_name(r, multi), r["label"], f"{r['final_train']:.4f}", f"{r['final_val']:.4f}", gap,
                      f"{r['tokens_per_s']:,.0f}", bits])
     return format_table(["run", "what", "train (last 20 steps)", "final val", "val vs bf16", "tokens/s",
                          "bitwise == nvfp4"], rows)
@@ -367,20 +385,39 @@ def plot(results, path, title):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results:
-        if r["run"] == "nvfp4_save_d":
-            continue  # bit-identical to nvfp4 when it passes; the table says so
+    seeds = seeds_of(results)
+    multi = len(seeds) > 1
+    fig, axes = plt.subplots(1, 3 if multi else 2, figsize=(18 if multi else 12, 4.5))
+    ax_t, ax_v = axes[:2]
+    colors = {}  # one colour per run name, one line style per seed
+    styles = ["-", "--", ":", "-."]
+    shown = [r for r in results if r["run"] != "nvfp4_save_d"]  # bit-identical to nvfp4 when it passes
+    for r in shown:
+        color = colors.setdefault(r["run"], f"C{len(colors) % 10}")
+        style = styles[seeds.index(r.get("seed")) % len(styles)]
+        label = f"{r['label']}, seed {r.get('seed')}" if multi else r["label"]
         k = max(1, len(r["train"]) // 50)
         smooth = [sum(r["train"][max(0, i - k + 1):i + 1]) / len(r["train"][max(0, i - k + 1):i + 1])
                   for i in range(len(r["train"]))]
-        ax_t.plot(range(1, len(smooth) + 1), smooth, label=r["label"], lw=1.2)
+        ax_t.plot(range(1, len(smooth) + 1), smooth, label=label, lw=1.2, color=color, ls=style)
         if r["val"]:
             s, v = zip(*r["val"])
-            ax_v.plot(s, v, marker="o", ms=3, label=r["label"], lw=1.2)
+            ax_v.plot(s, v, marker="o", ms=3, label=label, lw=1.2, color=color, ls=style)
     ax_t.set(title=f"train loss (moving mean of {k})", xlabel="step", ylabel="nats / byte")
     ax_v.set(title="validation loss", xlabel="step", ylabel="nats / byte")
-    for ax in (ax_t, ax_v):
+    if multi:  # the seed spread next to the gaps between runs
+        ax_f = axes[2]
+        names = list(colors)
+        markers = ["o", "s", "^", "D"]
+        for i, seed in enumerate(seeds):
+            pts = [(names.index(r["run"]), r["final_val"]) for r in shown if r.get("seed") == seed]
+            if pts:
+                x, y = zip(*pts)
+                ax_f.scatter(x, y, marker=markers[i % len(markers)], s=40, c=[colors[names[j]] for j in x])
+            ax_f.scatter([], [], marker=markers[i % len(markers)], c="k", label=f"seed {seed}")
+        ax_f.set_xticks(range(len(names)), names)
+        ax_f.set(title="final validation loss by run and seed", ylabel="nats / byte")
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
@@ -436,9 +473,14 @@ def main(argv=None):
 
     if a.from_json:
         docs = [json.loads(pathlib.Path(p).read_text()) for p in a.from_json]
+        for d in docs:  # results written before they recorded their seed: the file's seed
+            for r in d["results"]:
+                r.setdefault("seed", d["meta"]["train"]["seed"])
         results = [r for d in docs for r in d["results"]]
         meta = docs[0]["meta"]
         meta["merged_from"] = a.from_json
+        if len(seeds_of(results)) > 1:
+            meta["seeds"] = seeds_of(results)  # meta["train"] is the first file's
     else:
         cfg = Config(layers=a.layers, hidden=a.hidden, heads=a.heads, experts=a.experts, top_k=a.top_k,
                      ffn=a.ffn, seq=a.seq)
@@ -478,7 +520,7 @@ def main(argv=None):
     m = meta["model"]
     title = (f"{m['layers']} layers, hidden {m['hidden']}, {m['experts']} experts top-{m['top_k']}, "
              f"ffn {m['ffn']}, seq {m['seq']}; {meta['train']['steps']} steps x {meta['train']['batch']}; "
-             f"{meta['device']}")
+             f"{meta['device']}" + (f"; seeds {', '.join(map(str, meta['seeds']))}" if "seeds" in meta else ""))
     png = plot(results, f"{out}.png", title)
     print(f"wrote {out}.json" + (f" and {png}" if png else " (no PNG: matplotlib is not installed)"))
     return results

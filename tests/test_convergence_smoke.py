@@ -1,7 +1,8 @@
 """CPU smoke test of benchmarks/convergence.py: a few steps of a tiny config of
 the MoE language model with the nvfp4 backend (compiler="aot_eager"): every MoE layer is
 rewritten, the loss is finite and goes down, and recompute on == off bit for bit (losses
-and parameters after the steps). The real convergence run is on the GPU (README)."""
+and parameters after the steps); --from-json keeps runs of different seeds apart. The real
+convergence run is on the GPU (README)."""
 
 import math
 import os
@@ -45,3 +46,31 @@ def test_nvfp4_learns_and_recompute_is_bitwise(corpus):
     first, last = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
     assert last < first - 0.1, f"loss did not go down: first two {losses[:2]}, last two {losses[-2:]}"
     assert cv.bitwise_equal(res_on, model_on, res_off, model_off), (res_on["train"], res_off["train"])
+
+
+def _doc(seed, finals):
+    """A result JSON as convergence.py writes it (results without "seed": the older format)."""
+    meta = {"model": vars(CFG), "train": {"steps": 2, "batch": 4, "seed": seed}, "device": "cpu"}
+    results = [{"run": run, "label": cv.RUNS[run][0], "train": [2.0, v], "val": [[2, v]],
+                "tokens_per_s": 1.0, "final_train": v, "final_val": v} for run, v in finals.items()]
+    return {"meta": meta, "results": results}
+
+
+def test_merge_keeps_seeds_apart(tmp_path, capsys):
+    import json
+    paths = []
+    for seed, finals in ((0, {"bf16": 1.0, "nvfp4": 1.01}), (1, {"bf16": 1.1, "nvfp4": 1.089})):
+        paths.append(tmp_path / f"s{seed}.json")
+        paths[-1].write_text(json.dumps(_doc(seed, finals)))
+    out = tmp_path / "merged"
+    results = cv.main(["--from-json", *map(str, paths), "--out", str(out), "--device", "cpu"])
+    assert [(r["run"], r["seed"]) for r in results] == [("bf16", 0), ("nvfp4", 0), ("bf16", 1), ("nvfp4", 1)]
+    text = capsys.readouterr().out
+    # each gap is against the bf16 run of its own seed
+    assert "bf16 s1" in text and "+1.00%" in text and "-1.00%" in text, text
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert merged["meta"]["seeds"] == [0, 1] and len(merged["results"]) == 4
+    # one seed: plain run names, as before
+    cv.main(["--from-json", str(paths[0]), "--out", str(tmp_path / "one"), "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert "bf16 s0" not in text and "+1.00%" in text, text
