@@ -24,6 +24,7 @@ from . import numerics
 from .activations import compute_dtype, get_activation
 from .constants import BLOCK
 from .lowerings import steps_for
+from .lowerings.inline import target_op
 from .validate import check_group_sizes_values
 
 LIB = "nvfp4"
@@ -176,7 +177,7 @@ def _(w, block_2d, target=None):
 # Grouped GEMMs
 
 
-@torch.library.custom_op(f"{LIB}::grouped_gemm", mutates_args=())
+@target_op(f"{LIB}::grouped_gemm")
 def grouped_gemm_op(
     a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
     group_sizes: Tensor, target: Optional[str] = None,
@@ -190,7 +191,7 @@ def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, target=None
     return a_data.new_empty(a_data.shape[0], b_data.shape[1], dtype=torch.bfloat16)
 
 
-@torch.library.custom_op(f"{LIB}::grouped_gemm_wgrad", mutates_args=())
+@target_op(f"{LIB}::grouped_gemm_wgrad")
 def grouped_gemm_wgrad_op(
     a_data: Tensor, a_scale: Tensor, a_amax: Tensor, b_data: Tensor, b_scale: Tensor, b_amax: Tensor,
     padded_offsets: Tensor, target: Optional[str] = None,

@@ -18,19 +18,21 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def use_steps():
-    """``use_steps(steps, like="reference")``: register, for this test only and as the most
+    """``use_steps(steps, like="reference", inline=False)``: register, for this test only and as the most
     preferred target, a target that runs the step table `steps` on every device with the
     capabilities the built-in target `like` has on the CPU (so ``like="triton"`` plans its
     fused kernels: the Triton interpreter runs them on CPU tensors). Eager ops, plans and
-    fused ops then all run `steps`, chosen through the registry."""
+    fused ops then all run `steps`, chosen through the registry; `inline`: the target's
+    ``Target.inline``."""
     from nvfp4_inductor import lowerings
 
     added = []
 
-    def use(steps, like="reference"):
+    def use(steps, like="reference", inline=False):
         caps = lowerings.get_target(like).probe(torch.device("cpu"))
         assert not isinstance(caps, str), caps
-        target = lowerings.Target(f"{like}_under_test", lambda: steps, lambda device: caps)
+        target = lowerings.Target(f"{like}_under_test", lambda: steps, lambda device: caps,
+                                  inline=lambda: inline)
         lowerings.register_target(target)
         added.append(target.name)
         return target

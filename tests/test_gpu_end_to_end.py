@@ -102,3 +102,29 @@ def test_training_step_never_syncs_the_host(compiled):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_inductor_launches_the_triton_targets_kernels_itself(activation):
+    """On the Triton target the fused ops are inlined when traced (lowerings/inline.py):
+    Inductor's generated code launches our kernels, with no opaque fused op left; the
+    stochastic-rounding seeds stay one opaque op (drawn as eager draws them); and the
+    step still equals eager bit for bit (test_compiled_equals_eager_on_gpu)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    mlp, args = _model(activation)
+    step = torch.compile(mlp, backend="nvfp4")
+
+    def train_step():
+        y = step(*args)
+        return torch.autograd.grad(y, (args[0], mlp.fc1_weight, mlp.fc2_weight, args[2]), torch.ones_like(y))
+
+    _, codes = run_and_get_code(train_step)
+    code = "\n".join(codes)
+    assert len(codes) == 2, "one forward and one backward module"
+    for opaque in ("grouped_mlp_fwd", "grouped_mlp_bwd_fc2", "nvfp4.grouped_gemm"):
+        assert opaque not in code, f"{opaque} was not inlined"
+    for kernel in ("_group_cast_kernel", "_dequantize", "draw_sr_seeds"):
+        assert kernel in code, f"{kernel} missing from the generated code"
+    torch._dynamo.reset()

@@ -45,6 +45,7 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
+from ..lowerings.inline import target_op
 from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
@@ -72,7 +73,23 @@ def _fc2(steps, dq, w2q, group_sizes):
                               w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mlp_infer", mutates_args=())
+@torch.library.custom_op(f"{LIB}::draw_sr_seeds", mutates_args=())
+def draw_sr_seeds(after: Tensor, n: int, per_rank: bool) -> list[Tensor]:
+    """`n` stochastic-rounding seeds (``numerics.draw_seed``, drawn one after another on
+    `after`'s device), as one op that a compiled graph keeps whole: traced, the draws would
+    become Inductor's own random numbers, not the eager chain's. `after` (the step's
+    incoming gradient) is not read: it orders the draws after every draw that produced it,
+    as in eager execution, since their order fixes their values and Inductor may reorder
+    nodes that nothing connects."""
+    return [draw_seed(after.device, per_rank) for _ in range(n)]
+
+
+@draw_sr_seeds.register_fake
+def _(after, n, per_rank):
+    return [after.new_empty((), dtype=torch.int64) for _ in range(n)]
+
+
+@target_op(f"{LIB}::grouped_mlp_infer")
 def grouped_mlp_infer(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
@@ -96,7 +113,7 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, **options):
     return x.new_empty(x.shape[0], fc2_weight.shape[1])
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mlp_fwd", mutates_args=())
+@target_op(f"{LIB}::grouped_mlp_fwd")
 def grouped_mlp_fwd(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
@@ -162,7 +179,7 @@ def _(x, fc1_weight, fc2_weight, group_sizes, probs, *, recompute, **options):
     return [new(t, h, dtype=torch.bfloat16), *saved.flatten()]
 
 
-@torch.library.custom_op(f"{LIB}::grouped_mlp_bwd_fc2", mutates_args=())
+@target_op(f"{LIB}::grouped_mlp_bwd_fc2")
 def grouped_mlp_bwd_fc2(
     dy: Tensor, c: Tensor, probs: Optional[Tensor], group_sizes: Tensor, offsets: Tensor,
     w2_col_data: Tensor, w2_col_scale: Tensor, w2_amax: Tensor,
@@ -177,13 +194,14 @@ def grouped_mlp_bwd_fc2(
     transient bf16 operands live; each intermediate is dropped after its last consumer
     (``del``). GEMMs draw no random bits, so their order changes no result."""
     steps = steps_for(target, dy.device)
+    # dY's seed, then dC's: the draws of the eager chain, in its order (nothing between them draws)
+    dy_seed, dc_seed = draw_sr_seeds(dy, 2, sr_per_rank) if stochastic_rounding else (None, None)
 
-    def quantize_grad(t):  # the seed drawn as the eager group_quantize op draws it
-        seed = draw_seed(t.device, sr_per_rank) if stochastic_rounding else None
+    def quantize_grad(t, seed):
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
                                     stochastic_rounding=stochastic_rounding, seed=seed)
 
-    dyq = quantize_grad(dy.contiguous())
+    dyq = quantize_grad(dy.contiguous(), dy_seed)
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
     if fused_dgrad:  # G stays in the GEMM's epilogue
         dc, dp, d = steps.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
@@ -198,7 +216,7 @@ def grouped_mlp_bwd_fc2(
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
         del dq
     del d
-    dcq = quantize_grad(dc)
+    dcq = quantize_grad(dc, dc_seed)
     del dc
     dw2 = steps.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
                                    d_col_data, d_col_scale, d_col_amax, offsets)

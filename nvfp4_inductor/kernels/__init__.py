@@ -2,6 +2,8 @@
 
     quantize, group_quantize, quantize_weights, group_hadamard_amax   (see api.py)
     available(device) -> bool
+    TRACEABLE: whether torch.compile can trace the launches (``wrap_triton``): not for
+        interpreted kernels, which run on the host
 
 Ops registered (torch.library, namespace ``nvfp4_kernels``): ``group_amax``, ``group_cast``
 (``_registry.py`` says how: ``triton_op`` on CUDA, an opaque ``custom_op`` running the
@@ -26,7 +28,11 @@ if triton is None:
         raise NotImplementedError(_MISSING)
 
     quantize = group_quantize = quantize_weights = group_hadamard_amax = _missing
+    TRACEABLE = False
 else:
+    from ._registry import INTERPRET
     from .api import available, group_hadamard_amax, group_quantize, quantize, quantize_weights
 
-__all__ = ["available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights"]
+    TRACEABLE = not INTERPRET
+
+__all__ = ["TRACEABLE", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights"]

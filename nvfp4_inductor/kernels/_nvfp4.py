@@ -266,16 +266,17 @@ def fwht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
 
 
 @triton.jit
-def group_of_runs(sizes_ptr, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constexpr):
+def group_of_runs(sizes, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constexpr):
     """Where the R runs of 16 padded rows starting at r0 come from, computed on the device
-    from the G group sizes (prefix sums of the sizes and of the sizes rounded up to 16).
+    from the G group sizes (prefix sums of the sizes and of the sizes rounded up to 16);
+    `sizes`: (BLOCK_G,), loaded by the kernel itself (``load_token`` says why).
 
     Returns per run: g (its group, clamped to a valid index), in_group (False past p_G
     or past rows_total), rs (its first padded row), poff (p_g, the padded start of g),
     size (m_g), start (g's first row in x); and pad_end (BLOCK_G,), the p_{g+1}.
     Runs never straddle groups: every p_g is a multiple of 16."""
     gi = tl.arange(0, BLOCK_G)
-    sz = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int64)
+    sz = sizes.to(tl.int64)
     padded = (sz + 15) // 16 * 16
     pad_end = tl.cumsum(padded, 0)
     end = tl.cumsum(sz, 0)
@@ -291,14 +292,32 @@ def group_of_runs(sizes_ptr, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.con
 
 
 @triton.jit
-def load_token(x_ptr, start, local0, size, in_group, j: tl.constexpr, K, ks, k_ok):
-    """Token j of each run: (values as fp32 (R, BK), source row (R,), row valid (R,));
-    rows past a group's end read as zeros."""
+def token_rows(start, local0, size, in_group, j: tl.constexpr):
+    """Token j of each run: (source row (R,), row valid (R,))."""
     local = local0 + j
-    ok = in_group & (local < size)
-    src = start + local
+    return start + local, in_group & (local < size)
+
+
+@triton.jit
+def load_rows(x_ptr, src, ok, K, ks, k_ok):
+    """Rows `src` of x at columns ks as fp32 (R, BK); invalid rows read as zeros."""
     x = tl.load(x_ptr + src[:, None] * K + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-    return to_float32(x), src, ok
+    return to_float32(x)
+
+
+@triton.jit
+def load_token(x_ptr, start, local0, size, in_group, j: tl.constexpr, K, ks, k_ok):
+    """Token j of each run as fp32 (R, BK); rows past a group's end read as zeros.
+
+    Only for values: where a kernel stores at a token's row, it takes the row from
+    ``token_rows`` and the values from ``load_rows``. Traced by torch.compile, a launch's
+    written tensors come from torch's analysis of the kernel's IR, which follows store
+    addresses back through helper calls and counts every pointer a helper was passed as
+    written -- here x, which torch would then copy before each launch (and copy back into
+    a weight: a mutated input, which stops CUDA graphs). For the same reason kernels load
+    group sizes and offsets themselves rather than in helpers."""
+    src, ok = token_rows(start, local0, size, in_group, j)
+    return load_rows(x_ptr, src, ok, K, ks, k_ok)
 
 
 @triton.jit
@@ -308,22 +327,22 @@ def fold_run_amax(x_ptr, start, local0, size, in_group, K, ks, k_ok, sign_mask, 
     them into running elementwise maxima: |x| into acc_pre (if PRE), |FWHT(s * x)| into
     acc_post (if POST). acc_post holds *unrounded* FWHT outputs: the post-RHT amax is
     ``rht_round`` of its max, applied once by the caller."""
-    x0, _s, _o = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
-    x1, _s, _o = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
-    x2, _s, _o = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
-    x3, _s, _o = load_token(x_ptr, start, local0, size, in_group, 3, K, ks, k_ok)
-    x4, _s, _o = load_token(x_ptr, start, local0, size, in_group, 4, K, ks, k_ok)
-    x5, _s, _o = load_token(x_ptr, start, local0, size, in_group, 5, K, ks, k_ok)
-    x6, _s, _o = load_token(x_ptr, start, local0, size, in_group, 6, K, ks, k_ok)
-    x7, _s, _o = load_token(x_ptr, start, local0, size, in_group, 7, K, ks, k_ok)
-    x8, _s, _o = load_token(x_ptr, start, local0, size, in_group, 8, K, ks, k_ok)
-    x9, _s, _o = load_token(x_ptr, start, local0, size, in_group, 9, K, ks, k_ok)
-    x10, _s, _o = load_token(x_ptr, start, local0, size, in_group, 10, K, ks, k_ok)
-    x11, _s, _o = load_token(x_ptr, start, local0, size, in_group, 11, K, ks, k_ok)
-    x12, _s, _o = load_token(x_ptr, start, local0, size, in_group, 12, K, ks, k_ok)
-    x13, _s, _o = load_token(x_ptr, start, local0, size, in_group, 13, K, ks, k_ok)
-    x14, _s, _o = load_token(x_ptr, start, local0, size, in_group, 14, K, ks, k_ok)
-    x15, _s, _o = load_token(x_ptr, start, local0, size, in_group, 15, K, ks, k_ok)
+    x0 = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
+    x1 = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
+    x2 = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
+    x3 = load_token(x_ptr, start, local0, size, in_group, 3, K, ks, k_ok)
+    x4 = load_token(x_ptr, start, local0, size, in_group, 4, K, ks, k_ok)
+    x5 = load_token(x_ptr, start, local0, size, in_group, 5, K, ks, k_ok)
+    x6 = load_token(x_ptr, start, local0, size, in_group, 6, K, ks, k_ok)
+    x7 = load_token(x_ptr, start, local0, size, in_group, 7, K, ks, k_ok)
+    x8 = load_token(x_ptr, start, local0, size, in_group, 8, K, ks, k_ok)
+    x9 = load_token(x_ptr, start, local0, size, in_group, 9, K, ks, k_ok)
+    x10 = load_token(x_ptr, start, local0, size, in_group, 10, K, ks, k_ok)
+    x11 = load_token(x_ptr, start, local0, size, in_group, 11, K, ks, k_ok)
+    x12 = load_token(x_ptr, start, local0, size, in_group, 12, K, ks, k_ok)
+    x13 = load_token(x_ptr, start, local0, size, in_group, 13, K, ks, k_ok)
+    x14 = load_token(x_ptr, start, local0, size, in_group, 14, K, ks, k_ok)
+    x15 = load_token(x_ptr, start, local0, size, in_group, 15, K, ks, k_ok)
     if PRE:
         acc_pre = tl.maximum(acc_pre, tl.abs(x0))
         acc_pre = tl.maximum(acc_pre, tl.abs(x1))

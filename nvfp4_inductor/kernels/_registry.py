@@ -13,7 +13,8 @@ Two modes (torch_compile_backend_guide.md section 6.3):
 In both modes the op body is also its fake impl: ``launch`` does nothing on FakeTensors,
 so the body only allocates outputs there.
 
-Outside tracing, a call skips the dispatcher and runs the same body directly
+Outside tracing (Dynamo's, or AOTAutograd's when it inlines a fused op's body), a call
+skips the dispatcher and runs the same body directly
 (``KernelOp``): these ops are mostly called from inside other ops' implementations
 (compiler/fused.py, the lowerings), where nothing traces them and each trip through the
 custom-op layers costs ~35 us of host time (measured on the CI CPU; a training step
@@ -62,6 +63,13 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _functionalizing() -> bool:
+    """Whether AOTAutograd is tracing (its FunctionalTensorMode is on): a body that calls
+    this op is being inlined into a compiled graph (``lowerings/inline.py``), so the launch
+    must reach the graph through the op."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is not None
+
+
 class KernelOp:
     """A registered kernel op: the op while torch.compile traces (so the graph holds it,
     or on CUDA Inductor sees its launches), its body called directly otherwise."""
@@ -71,7 +79,7 @@ class KernelOp:
         functools.update_wrapper(self, body)
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _functionalizing():
             return self.op(*args, **kwargs)
         # as triton_op's own eager path does: with wrap_triton off, ``launch`` gets the plain
         # kernel back (an untraced wrap_triton call would dispatch a higher-order op per

@@ -126,6 +126,7 @@ def act_fwd_math(x, u, clamp, ACT: tl.constexpr, GPU: tl.constexpr):
         r = _relu(x)
         f = r * r
     else:
+        clamp = tl.cast(clamp, tl.float32)  # (see act_bwd_tile)
         b = clamp * _tanh(tl.math.div_rn(_relu(x), tl.zeros_like(x) + clamp), GPU)
         f = b * b
     return f
@@ -181,6 +182,10 @@ def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp,
             f = r * r
             dc = gp * (2.0 * r)
         else:
+            # Triton's launcher passes a Python float as fp32; Inductor's generated launch
+            # (traced launches) as fp64, which would make this math fp64. Both round the
+            # same double to the same fp32 (the reference's scalar is fp32 too).
+            clamp = tl.cast(clamp, tl.float32)
             t = _tanh(tl.math.div_rn(_relu(c), tl.zeros_like(c) + clamp), GPU)
             b = clamp * t
             f = b * b

@@ -59,12 +59,13 @@ def store_bf16(ptrs, acc, alpha, mask):
 
 
 @triton.jit
-def tile_table(sizes_ptr, N, G, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """The persistent schedule's tile table of all groups, from the (G,) group sizes on the
-    device: group g owns cdiv(m_g, BM) * cdiv(N, BN) tiles. Returns (gi, sizes, m_tiles,
-    n_tiles, tile_end, row_end, total) for ``tile_coords``."""
+def tile_table(sizes, N, G, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The persistent schedule's tile table of all groups, from the group sizes on the
+    device ((BLOCK_G,), zeros past G, loaded by the kernel itself: ``_nvfp4.load_token``
+    says why): group g owns cdiv(m_g, BM) * cdiv(N, BN) tiles. Returns (gi, sizes,
+    m_tiles, n_tiles, tile_end, row_end, total) for ``tile_coords``."""
     gi = tl.arange(0, BLOCK_G)
-    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0).to(tl.int32)
+    sizes = sizes.to(tl.int32)
     m_tiles = tl.cdiv(sizes, BM)
     n_tiles = tl.cdiv(N, BN)
     tile_end = tl.cumsum(m_tiles * n_tiles, 0)
@@ -87,16 +88,14 @@ def tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end):
 
 
 @triton.jit
-def wgrad_tile(tile, offsets_ptr, N, M, BN: tl.constexpr, BM: tl.constexpr):
-    """tile -> (group g, M tile tm, N tile tn, K range [k_start, k_end) of group g): every
-    group owns cdiv(N, BN) * cdiv(M, BM) tiles, M fastest."""
+def wgrad_tile(tile, N, M, BN: tl.constexpr, BM: tl.constexpr):
+    """tile -> (group g, M tile tm, N tile tn): every group owns cdiv(N, BN) * cdiv(M, BM)
+    tiles, M fastest. (The kernel loads g's K range itself: ``_nvfp4.load_token`` says why.)"""
     m_tiles = tl.cdiv(M, BM)
     per_group = tl.cdiv(N, BN) * m_tiles
     g = tile // per_group
     local = tile % per_group
-    k_start = tl.multiple_of(tl.load(offsets_ptr + g).to(tl.int32), 16)
-    k_end = tl.multiple_of(tl.load(offsets_ptr + g + 1).to(tl.int32), 16)
-    return g, local % m_tiles, local // m_tiles, k_start, k_end
+    return g, local % m_tiles, local // m_tiles
 
 
 def num_programs(cfg, device: torch.device) -> int:

@@ -50,11 +50,12 @@ from ._nvfp4 import (
     e2m1_stochastic,
     global_scales,
     group_of_runs,
-    load_token,
+    load_rows,
     philox_words,
     random_byte,
     random_bytes_along_last,
     rht16,
+    token_rows,
 )
 from ._registry import cdiv, kernel_op, launch, next_power_of_2
 from .config import cast_config
@@ -130,10 +131,11 @@ def _group_cast_kernel(
         k_ok = tl.full((BK,), 1, tl.int1)
     else:
         k_ok = ks < K
-    g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes_ptr, r0, rows_total, G, R, BLOCK_G)
+    gi = tl.arange(0, BLOCK_G)
+    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)  # here, not in a helper (_nvfp4.load_token)
+    g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
-    gi = tl.arange(0, BLOCK_G)
     first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
     mine = (gi < G) & first
     tl.store(pad_off_ptr + 1 + gi, pad_end, mask=mine)
@@ -154,26 +156,43 @@ def _group_cast_kernel(
         # row + column and spills in the 2D cast, sm_90 ptxas.)
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
         for j in tl.static_range(16):
-            xj, srcj, okj = load_token(x_ptr, start, local0, size, in_group, j, K, ks, k_ok)
+            srcj, okj = token_rows(start, local0, size, in_group, j)
+            xj = load_rows(x_ptr, srcj, okj, K, ks, k_ok)
             _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
                            row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
         return
-    x0, src0, ok0 = load_token(x_ptr, start, local0, size, in_group, 0, K, ks, k_ok)
-    x1, src1, ok1 = load_token(x_ptr, start, local0, size, in_group, 1, K, ks, k_ok)
-    x2, src2, ok2 = load_token(x_ptr, start, local0, size, in_group, 2, K, ks, k_ok)
-    x3, src3, ok3 = load_token(x_ptr, start, local0, size, in_group, 3, K, ks, k_ok)
-    x4, src4, ok4 = load_token(x_ptr, start, local0, size, in_group, 4, K, ks, k_ok)
-    x5, src5, ok5 = load_token(x_ptr, start, local0, size, in_group, 5, K, ks, k_ok)
-    x6, src6, ok6 = load_token(x_ptr, start, local0, size, in_group, 6, K, ks, k_ok)
-    x7, src7, ok7 = load_token(x_ptr, start, local0, size, in_group, 7, K, ks, k_ok)
-    x8, src8, ok8 = load_token(x_ptr, start, local0, size, in_group, 8, K, ks, k_ok)
-    x9, src9, ok9 = load_token(x_ptr, start, local0, size, in_group, 9, K, ks, k_ok)
-    x10, src10, ok10 = load_token(x_ptr, start, local0, size, in_group, 10, K, ks, k_ok)
-    x11, src11, ok11 = load_token(x_ptr, start, local0, size, in_group, 11, K, ks, k_ok)
-    x12, src12, ok12 = load_token(x_ptr, start, local0, size, in_group, 12, K, ks, k_ok)
-    x13, src13, ok13 = load_token(x_ptr, start, local0, size, in_group, 13, K, ks, k_ok)
-    x14, src14, ok14 = load_token(x_ptr, start, local0, size, in_group, 14, K, ks, k_ok)
-    x15, src15, ok15 = load_token(x_ptr, start, local0, size, in_group, 15, K, ks, k_ok)
+    src0, ok0 = token_rows(start, local0, size, in_group, 0)
+    x0 = load_rows(x_ptr, src0, ok0, K, ks, k_ok)
+    src1, ok1 = token_rows(start, local0, size, in_group, 1)
+    x1 = load_rows(x_ptr, src1, ok1, K, ks, k_ok)
+    src2, ok2 = token_rows(start, local0, size, in_group, 2)
+    x2 = load_rows(x_ptr, src2, ok2, K, ks, k_ok)
+    src3, ok3 = token_rows(start, local0, size, in_group, 3)
+    x3 = load_rows(x_ptr, src3, ok3, K, ks, k_ok)
+    src4, ok4 = token_rows(start, local0, size, in_group, 4)
+    x4 = load_rows(x_ptr, src4, ok4, K, ks, k_ok)
+    src5, ok5 = token_rows(start, local0, size, in_group, 5)
+    x5 = load_rows(x_ptr, src5, ok5, K, ks, k_ok)
+    src6, ok6 = token_rows(start, local0, size, in_group, 6)
+    x6 = load_rows(x_ptr, src6, ok6, K, ks, k_ok)
+    src7, ok7 = token_rows(start, local0, size, in_group, 7)
+    x7 = load_rows(x_ptr, src7, ok7, K, ks, k_ok)
+    src8, ok8 = token_rows(start, local0, size, in_group, 8)
+    x8 = load_rows(x_ptr, src8, ok8, K, ks, k_ok)
+    src9, ok9 = token_rows(start, local0, size, in_group, 9)
+    x9 = load_rows(x_ptr, src9, ok9, K, ks, k_ok)
+    src10, ok10 = token_rows(start, local0, size, in_group, 10)
+    x10 = load_rows(x_ptr, src10, ok10, K, ks, k_ok)
+    src11, ok11 = token_rows(start, local0, size, in_group, 11)
+    x11 = load_rows(x_ptr, src11, ok11, K, ks, k_ok)
+    src12, ok12 = token_rows(start, local0, size, in_group, 12)
+    x12 = load_rows(x_ptr, src12, ok12, K, ks, k_ok)
+    src13, ok13 = token_rows(start, local0, size, in_group, 13)
+    x13 = load_rows(x_ptr, src13, ok13, K, ks, k_ok)
+    src14, ok14 = token_rows(start, local0, size, in_group, 14)
+    x14 = load_rows(x_ptr, src14, ok14, K, ks, k_ok)
+    src15, ok15 = token_rows(start, local0, size, in_group, 15)
+    x15 = load_rows(x_ptr, src15, ok15, K, ks, k_ok)
 
     if BLOCK_2D or ROWWISE:
         bam0 = _row_block_amax(x0, R, BK)

@@ -104,7 +104,8 @@ def _grouped_gemm_act_kernel(
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); C (T, F1), D (T, F) bf16."""
-    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, F, G, BLOCK_G, BM, BN)
+    sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
         grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)

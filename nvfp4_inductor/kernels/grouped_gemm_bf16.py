@@ -117,7 +117,8 @@ def _grouped_gemm_bf16_kernel(
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, N, K) bf16, out (T, N) bf16 = alpha_g * a_g . b_g^T."""
-    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, N, G, BLOCK_G, BM, BN)
+    sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, N, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
         g, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
@@ -140,7 +141,9 @@ def _grouped_gemm_wgrad_bf16_kernel(
 ):
     """a (N, P) bf16, b (M, P) bf16, out (G, N, M) bf16: out[g] = alpha_g * a[:, p_g:p_g+1] . b[:, ...]^T."""
     for tile in tl.range(tl.program_id(0), G * tl.cdiv(N, BN) * tl.cdiv(M, BM), NUM_PROGRAMS):
-        g, tm, tn, k_start, k_end = wgrad_tile(tile, offsets_ptr, N, M, BN, BM)
+        g, tm, tn = wgrad_tile(tile, N, M, BN, BM)
+        k_start = tl.multiple_of(tl.load(offsets_ptr + g).to(tl.int32), 16)
+        k_end = tl.multiple_of(tl.load(offsets_ptr + g + 1).to(tl.int32), 16)
         rows_a = tn * BN + tl.arange(0, BN)  # output rows (N)
         rows_b = tm * BM + tl.arange(0, BM)  # output columns (M)
         a_ok = rows_a < N

@@ -55,7 +55,8 @@ def _grouped_gemm_dact_kernel(
 ):
     """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq())."""
     NR = F // 16  # dprob partials per row
-    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes_ptr, F, G, BLOCK_G, BM, BN)
+    sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
         grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)

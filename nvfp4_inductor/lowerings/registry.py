@@ -46,7 +46,14 @@ def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
     return Capabilities(fused_activations=fused, fused_amax=True, fused_amax_takes_sign_mask=True)
 
 
-TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0))
+def _triton_inline() -> bool:
+    from .. import kernels
+
+    return kernels.TRACEABLE
+
+
+TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0),
+                inline=_triton_inline)
 REFERENCE = Target("reference", _load(".reference"), _reference_probe)
 
 _TARGETS: list[Target] = [CUDNN, TRITON, REFERENCE]

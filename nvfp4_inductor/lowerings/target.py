@@ -65,6 +65,10 @@ class Target:
         inclusive (None: unbounded); only read for CUDA devices.
     describe: ``describe(plan, site, recipe)`` -> what the target's plan runs and why, in
         words (which vendor kernel for each fused step), appended to the plan's reason.
+    inline: ``inline()`` -> whether a compiled graph may hold its steps themselves instead
+        of one opaque call per op (``lowerings/inline.py``): only for steps made of Triton
+        launches and exact integer and copy torch ops, which Inductor runs with the same
+        bits. False by default.
     """
 
     name: str
@@ -74,6 +78,7 @@ class Target:
     min_capability: Optional[tuple[int, int]] = None
     max_capability: Optional[tuple[int, int]] = None
     describe: Optional[Callable] = None
+    inline: Callable[[], bool] = lambda: False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:

@@ -1,0 +1,60 @@
+"""Ops that a compiled graph holds as their steps, where their target allows it.
+
+The backend's fused ops (and the GEMM ops its backward calls) are ``torch.library``
+custom ops: at run time one Python body per op launches its target's kernels. Traced by
+AOTAutograd, an op made with ``target_op`` instead becomes that body -- its kernel
+launches (``wrap_triton``) and its integer and copy torch ops -- when the target it runs
+says so (``Target.inline``). Inductor then launches the kernels from its own generated
+code: no Python launcher and no custom-op layers per kernel on every step, buffers
+planned with the rest of the graph, the kernels compiled in parallel with Inductor's
+own, and the launches readable in the output code. This is how ``torch.library.triton_op``
+works, decided per call from the op's ``target`` argument, because one op serves every
+target: the reference's steps are torch arithmetic that Inductor would re-generate (other
+bits), and cuDNN's call a library that cannot be traced, so those stay one opaque call.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+from . import registry
+from .policy import choose_target
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, FunctionalTensor)
+
+
+def inlines(target: Optional[str], device) -> bool:
+    """Whether an op running `target` (None: the device's default target) on `device` is
+    traced as its steps."""
+    chosen = registry.get_target(target) if target is not None else choose_target(device)
+    return chosen.inline()
+
+
+def target_op(name: str):
+    """``torch.library.custom_op(name, fn, mutates_args=())`` for a body whose ``target``
+    argument names the target it runs, inlined when traced where that target allows."""
+
+    def register(fn):
+        op = torch.library.custom_op(name, fn, mutates_args=())
+        signature = inspect.signature(fn)
+
+        def functional_rule(mode, func, types, args, kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            device = next(v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor))
+            # (as triton_op: tensor subclasses other than the tracing wrappers keep the op)
+            plain = all(issubclass(t, FakeTensor) or t in _PLAIN_TENSOR_TYPES for t in types)
+            if plain and inlines(bound.arguments["target"], device):
+                with mode:
+                    return fn(*args, **kwargs)
+            return mode.__torch_dispatch__(func, types, args, kwargs)
+
+        op.register_torch_dispatch(FunctionalTensorMode, functional_rule)
+        return op
+
+    return register
