@@ -243,6 +243,7 @@ class SiteReport:
     saved: list[tuple[str, str, tuple, int]]  # (name, dtype, shape, bytes)
     specialisation: str = ""  # what Dynamo specialised the site's routing on
     estimated: bool = False  # saved bytes from size hints: some sizes are data-dependent
+    traced: bool = False  # its target's launches are traced into Inductor's code (Target.inline)
 
     @property
     def saved_bytes(self) -> int:
@@ -269,6 +270,8 @@ class ExplainReport:
             ))
             for i, s in enumerate(self.sites):
                 out.append(f"\nsite {i}: {s.reason}")
+                out.append("launches: traced, Inductor's generated code launches each kernel" if s.traced else
+                           f"launches: one call per fused op ({s.target}'s steps are not traced)")
                 if s.specialisation:
                     out.append(f"routing: {s.specialisation}")
                 out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
@@ -336,7 +339,7 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site), estimated)
+                      _specialisation(site), estimated, get_target(plan.target).inline())
 
 
 def _specialisation(site) -> str:

@@ -42,6 +42,8 @@ def test_cuda_sites_plan_the_triton_target_with_its_fused_kernels(activation):
     mlp, args = _model(activation)
     [site] = nv.explain(mlp, *args).sites
     assert site.target == "triton" and site.reason == plan.reason
+    assert site.traced and "launches: traced, Inductor's generated code launches each kernel" in str(
+        nv.explain(mlp, *args))
     major, minor = torch.cuda.get_device_capability()
     if major < 10:  # Hopper and older: explain says why the Blackwell target was passed over
         assert f"cudnn needs compute capability >= 10.0, the device has {major}.{minor}" in site.reason, site.reason
