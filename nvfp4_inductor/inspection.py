@@ -271,7 +271,7 @@ class ExplainReport:
             for i, s in enumerate(self.sites):
                 out.append(f"\nsite {i}: {s.reason}")
                 out.append("launches: traced, Inductor's generated code launches each kernel" if s.traced else
-                           f"launches: one call per fused op ({s.target}'s steps are not traced)")
+                           f"launches: one call per fused op ({s.target}'s steps are not traced here)")
                 if s.specialisation:
                     out.append(f"routing: {s.specialisation}")
                 out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
@@ -339,7 +339,7 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site), estimated, get_target(plan.target).inline())
+                      _specialisation(site), estimated, options.trace_launches and get_target(plan.target).inline())
 
 
 def _specialisation(site) -> str:

@@ -130,3 +130,28 @@ def test_inductor_launches_the_triton_targets_kernels_itself(activation):
     for kernel in ("_group_cast_kernel", "_dequantize", "draw_sr_seeds"):
         assert kernel in code, f"{kernel} missing from the generated code"
     torch._dynamo.reset()
+
+
+def test_untraced_launches_give_the_same_bits():
+    """``trace_launches=False`` keeps each fused op one call, with the traced path's bits."""
+    from torch._inductor.utils import run_and_get_code
+
+    runs = []
+    for traced in (True, False):
+        torch._dynamo.reset()
+        mlp, args = _model("swiglu")
+        torch.manual_seed(5)
+        step = torch.compile(mlp, backend=nv.backend(trace_launches=traced))
+
+        def train_step():
+            y = step(*args)
+            return (y, *torch.autograd.grad(y, (args[0], mlp.fc1_weight, mlp.fc2_weight, args[2]),
+                                            torch.ones_like(y)))
+
+        outs, codes = run_and_get_code(train_step)
+        assert ("grouped_mlp_fwd" in "\n".join(codes)) is not traced
+        runs.append(outs)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    torch._dynamo.reset()
+

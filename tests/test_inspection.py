@@ -245,7 +245,7 @@ def test_explain_sees_the_sites_after_the_caller_compiled_with_nvfp4():
     assert len(report.sites) == 1 and report.sites[0].spelling == "token_permutation"
     # on the CPU the reference runs: its ops stay whole in the compiled graph, and explain says so
     assert not report.sites[0].traced
-    assert "launches: one call per fused op (reference's steps are not traced)" in str(report)
+    assert "launches: one call per fused op (reference's steps are not traced here)" in str(report)
 
 
 # ---------------------------------------------------------------------------------------

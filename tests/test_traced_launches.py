@@ -176,3 +176,13 @@ def test_target_op_becomes_its_body_only_where_its_target_inlines(use_steps):
     assert "nvfp4_test.twice.default" not in _forward_graph(inlined)
     assert "aten.mul.Tensor" in _forward_graph(inlined)
     assert "nvfp4_test.twice.default" in _forward_graph("reference")
+    with lowerings.inline.launches_traced(False):  # the backend's trace_launches=False
+        assert "nvfp4_test.twice.default" in _forward_graph(inlined)
+
+
+def test_trace_launches_option_is_checked_and_reaches_the_compile():
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    with pytest.raises(ValueError, match="option 'trace_launches' must be a bool"):
+        BackendOptions.parse({"trace_launches": "no"})
+    assert BackendOptions.parse({}).trace_launches and not BackendOptions.parse({"trace_launches": False}).trace_launches

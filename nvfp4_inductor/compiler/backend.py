@@ -22,6 +22,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ..lowerings import Plan, SiteSpec, choose_plan
+from ..lowerings.inline import launches_traced
 from ..recipe import Recipe
 from .fused import fused_grouped_mlp
 from .legality import weight_shape
@@ -153,16 +154,17 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
     ``mode`` (torch.compile's) becomes Inductor config patches as for ``backend="inductor"``:
     "reduce-overhead" sets ``triton.cudagraphs`` (CUDA graph trees; Inductor skips them for
     graphs on the CPU). compile_fx applies the patches to the backward's compile too."""
-    if options.compiler == "aot_eager":
-        from torch._dynamo.backends.debugging import aot_eager_default_partitioner
+    with launches_traced(options.trace_launches):  # AOTAutograd traces the fused ops in here
+        if options.compiler == "aot_eager":
+            from torch._dynamo.backends.debugging import aot_eager_default_partitioner
 
-        return aot_eager_default_partitioner(gm, example_inputs)
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
+            return aot_eager_default_partitioner(gm, example_inputs)
+        from torch._inductor import list_mode_options
+        from torch._inductor.compile_fx import compile_fx
 
-    patches = dict(list_mode_options(mode)) if mode else {}
-    patches["post_grad_custom_post_pass"] = _PackageVersion()
-    return compile_fx(gm, example_inputs, config_patches=patches)
+        patches = dict(list_mode_options(mode)) if mode else {}
+        patches["post_grad_custom_post_pass"] = _PackageVersion()
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
@@ -170,13 +172,15 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
     return compile_graph(gm, example_inputs, BackendOptions.parse(options), mode=mode)
 
 
-def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor"):
+def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor",
+            trace_launches: bool = True):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
     runs the compiled graphs under CUDA graph trees, as with stock Inductor; each replay
     draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
-    configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
+    configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
+                                       "trace_launches": trace_launches})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
         given = {**dataclasses.asdict(configured), "recipe": configured.recipe, **(options or {})}

@@ -16,11 +16,18 @@ class BackendOptions:
         Bitwise-identical results either way.
     compiler: what compiles the rewritten graph. "inductor" (default) is the product;
         "aot_eager" runs the same rewrite, AOTAutograd and min-cut partition without
-        Inductor's code generation: a bisecting aid, and fast to compile on CPU."""
+        Inductor's code generation: a bisecting aid, and fast to compile on CPU.
+    trace_launches: where the site's target allows it (``Target.inline``: the Triton
+        kernels on a GPU), the fused ops are traced as their kernel launches, which
+        Inductor's generated code makes itself (``lowerings/inline.py``; much less host
+        time per step). False keeps every fused op one call: torch analyses each traced
+        launch of each layer while compiling, so a model of many layers compiles longer
+        traced; the results are the same bits either way."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
     compiler: str = "inductor"
+    trace_launches: bool = True
 
     @classmethod
     def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
@@ -38,4 +45,7 @@ class BackendOptions:
         compiler = options.get("compiler", "inductor")
         if compiler not in ("inductor", "aot_eager"):
             raise ValueError(f"option 'compiler' must be 'inductor' or 'aot_eager'; got {compiler!r}")
-        return cls(recipe=recipe, recompute=recompute, compiler=compiler)
+        trace_launches = options.get("trace_launches", True)
+        if not isinstance(trace_launches, bool):
+            raise ValueError(f"option 'trace_launches' must be a bool; got {trace_launches!r}")
+        return cls(recipe=recipe, recompute=recompute, compiler=compiler, trace_launches=trace_launches)

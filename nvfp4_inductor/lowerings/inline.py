@@ -15,8 +15,9 @@ bits), and cuDNN's call a library that cannot be traced, so those stay one opaqu
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -26,13 +27,26 @@ from . import registry
 from .policy import choose_target
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, FunctionalTensor)
+_ENABLED = True
+
+
+@contextlib.contextmanager
+def launches_traced(enabled: bool) -> Iterator[None]:
+    """Inside the block, ops are inlined where their target allows (``enabled``) or kept
+    whole everywhere: the backend's ``trace_launches`` option, around its compile."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, enabled
+    try:
+        yield
+    finally:
+        _ENABLED = before
 
 
 def inlines(target: Optional[str], device) -> bool:
     """Whether an op running `target` (None: the device's default target) on `device` is
     traced as its steps."""
     chosen = registry.get_target(target) if target is not None else choose_target(device)
-    return chosen.inline()
+    return _ENABLED and chosen.inline()
 
 
 def target_op(name: str):
