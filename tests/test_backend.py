@@ -482,3 +482,26 @@ def test_explain_and_compare_with_data_dependent_row_counts():
     assert len(report.sites) == 1 and report.sites[0].estimated and report.sites[0].saved_bytes > 0
     assert "estimated" in str(report)
     assert compared.bitwise, str(compared)
+
+
+def test_stacked_sites_where_one_feeds_the_next_are_all_rewritten():
+    """Layers stacked with nothing between them: the second site's input is the first's
+    output, which the first rewrite replaces (the matched node is erased)."""
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(nv.GroupedMLP(4, 32, 48, "swiglu") for _ in range(3))
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x, sizes, probs):
+            for layer in self.layers:
+                x = layer(x, sizes, probs)
+            return x
+
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    args = (x, torch.tensor([10, 0, 31, 23]), torch.rand(64, requires_grad=True))
+    assert len(nv.explain(Stack(), *args).sites) == 3
+    report = nv.compare(Stack(), *args, compiler="aot_eager")
+    assert report.bitwise, str(report)

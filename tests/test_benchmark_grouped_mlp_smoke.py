@@ -115,3 +115,19 @@ def test_own_samples_reads_py_spy_raw_stacks():
            "0x7f01 (libc.so.6);main (grouped_mlp.py:12);0x7f0badc0de (libcuda.so.1) 5\n"
            "\n")
     assert gm.own_samples(raw) == {"step (grouped_mlp.py)": 10, "? (libcuda.so.1)": 5}
+
+
+def test_compile_time_benchmark_runs_on_cpu():
+    """benchmarks/compile_time.py (first step against depth, traced launches on and off): a
+    row per implementation and depth with finite numbers; the one-layer rows have no slope."""
+    import compile_time
+
+    rows = compile_time.main(["--device", "cpu", "--shape", "tiny", "--compiler", "aot_eager", "--layers", "2", "1"])
+    assert [(r[0], r[1]) for r in rows] == [(name, n) for name in compile_time.implementations("swiglu", "aot_eager")
+                                            for n in ("1", "2")]
+    for row in rows:
+        cells = dict(zip(compile_time.HEADERS, row))
+        assert all(_finite(cells[k]) for k in ("first s", "warm ms", "host ms"))
+        assert (cells["s per layer"] == "-") == (cells["layers"] == "1")
+    with pytest.raises(SystemExit):
+        compile_time.main(["--device", "cpu", "--layers", "0"])

@@ -116,14 +116,16 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     counters["nvfp4"]["sites_rejected"] += len(rejections)
     for rejection in rejections:
         counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
+    calls = []
     for site in sites:
         counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
         site_options = _site_options(site, options)
         plan = plan_for(site, device, site_options.recipe)
-        call = (site_call or _site_call)(site_options, plan)
-        rewrite_sites(gm, [site], make_call=call)
+        calls.append((site_call or _site_call)(site_options, plan))
         record.sites.append((site, plan))
-        record.call_nodes.append(next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is call))
+    rewrite_sites(gm, sites, make_call=calls)
+    record.call_nodes.extend(next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is call)
+                             for call in calls)
     return record
 
 

@@ -22,6 +22,7 @@ without users are erased.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -57,7 +58,9 @@ def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
 
 
 def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> None:
-    """Replace every site by ``make_call(...)``; recompiles ``gm``."""
+    """Replace every site by a call of ``make_call`` (one callable for all sites, or a list
+    with one per site); recompiles ``gm``. All sites in one call: a site may consume an
+    earlier site's output (stacked layers), which the earlier rewrite replaces."""
     if not sites:
         return
     # The example values' own mode: inside a backend, TracingContext (which
@@ -66,10 +69,27 @@ def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> 
         (v.fake_mode for v in map(val, gm.graph.nodes) if isinstance(v, FakeTensor)),
         None,
     ) or detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
-    for site in sites:
-        _Inserter(gm.graph, fake_mode, _anchor(gm.graph, site)).replace(site, make_call)
+    calls = make_call if isinstance(make_call, (list, tuple)) else [make_call] * len(sites)
+    replaced: dict[Node, Node] = {}  # a rewritten site's output -> the node that took its uses
+    for site, call in zip(sites, calls, strict=True):
+        # a site fed by an earlier one (stacked layers) matched that site's output node
+        site = _resolved(site, replaced)
+        replaced[site.output] = _Inserter(gm.graph, fake_mode, _anchor(gm.graph, site)).replace(site, call)
     gm.graph.lint()
     gm.recompile()
+
+
+def _resolved(part, replaced: dict[Node, Node]):
+    """`part` of a Site (the Site itself, its dataclasses, tuples, nodes) with every node an
+    earlier rewrite replaced swapped for its replacement (the matched node is erased)."""
+    if isinstance(part, Node):
+        return replaced.get(part, part)
+    if isinstance(part, tuple):
+        return tuple(_resolved(p, replaced) for p in part)
+    if dataclasses.is_dataclass(part) and not isinstance(part, type):
+        return dataclasses.replace(part, **{f.name: _resolved(getattr(part, f.name), replaced)
+                                            for f in dataclasses.fields(part) if f.init})
+    return part
 
 
 def _anchor(graph: torch.fx.Graph, site: Site) -> Node:
@@ -117,7 +137,7 @@ class _Inserter:
         GEMM computes on that cast); AOTAutograd differentiates the cast."""
         return node if val(node).dtype == torch.bfloat16 else self.method("to", node, torch.bfloat16)
 
-    def replace(self, site: Site, make_call) -> None:
+    def replace(self, site: Site, make_call) -> Node:
         x = self.bf16(self.method("flatten", site.x, 0, 1) if site.x_batched else site.x)
         fc1 = self.weight(site.fc1_weight)
         if site.fc1_up_weight is not None:
@@ -144,6 +164,7 @@ class _Inserter:
             y = self.method("to", y, val(site.output).dtype)
         site.output.replace_all_uses_with(y)
         _erase_dead(self.graph, site.nodes)
+        return y
 
     def weight(self, weight: Weight) -> Node:
         w = self.bf16(weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0))

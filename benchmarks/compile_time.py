@@ -1,0 +1,107 @@
+"""Question: how long is the first compiled training step of a stack of L grouped-MLP
+layers, BF16 against NVFP4 with traced launches (the default) and without
+(``trace_launches=False``), and what does each layer add?
+
+With traced launches torch analyses every traced kernel launch of every layer while
+compiling (its mutation analysis generates the kernel's IR each time), so the first step
+grows with the number of layers; without them the fused ops are opaque calls and our
+kernels compile once, whatever the depth. This measures both in one process, one row per
+(implementation, layers), each after ``torch._dynamo.reset()``: the first step (Dynamo,
+AOTAutograd, Inductor; Triton and Inductor caches stay warm from the rows before, as in a
+second run of a training script), the per-layer slope against the one-layer row, the warm
+step and its host time.
+
+    python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
+        [--device cuda|cpu] [--compiler inductor|aot_eager]
+
+``--device cpu --shape tiny --compiler aot_eager --layers 1 2`` is the CPU smoke run
+(tests/test_benchmark_grouped_mlp_smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import grouped_mlp as gm  # noqa: E402
+import nvfp4_inductor as nv  # noqa: E402
+from nvfp4_inductor.inspection import format_table  # noqa: E402
+
+HEADERS = ["implementation", "layers", "first s", "s per layer", "warm ms", "host ms"]
+
+
+def stack(run, layers):
+    """L layers of `run` (x, w1, w2, sizes, probs) -> y, each with its own weights, y -> x."""
+
+    def forward(x, weights, sizes, probs):
+        for w1, w2 in weights:
+            x = run(x, w1, w2, sizes, probs)
+        return x
+
+    return forward
+
+
+def implementations(activation, compiler):
+    return {
+        "bf16 compiled": (gm.bf16_mlp(activation), compiler),
+        "nvfp4, traced launches": (gm.nvfp4_mlp(activation), nv.backend(compiler=compiler)),
+        "nvfp4, trace_launches=False": (gm.nvfp4_mlp(activation), nv.backend(compiler=compiler,
+                                                                              trace_launches=False)),
+    }
+
+
+def measure(run, backend, layers, shape, activation, device):
+    experts, tokens, hidden, ffn, uneven = gm.SHAPES[shape]
+    f1 = 2 * ffn if activation == "swiglu" else ffn
+    (x, w1, w2, sizes, probs), grad = gm.make_inputs(experts, tokens, hidden, ffn, f1, uneven, device)
+    weights = [(w1, w2)] + [(torch.nn.Parameter(w1.detach().clone()), torch.nn.Parameter(w2.detach().clone()))
+                            for _ in range(layers - 1)]
+    params = [w for pair in weights for w in pair]
+    torch._dynamo.reset()
+    fn = torch.compile(stack(run, layers), backend=backend, dynamic=False)
+
+    def step():
+        y = fn(x, weights, sizes, probs)
+        torch.autograd.grad(y, [x, *params, probs], grad)
+
+    start = time.perf_counter()
+    step()
+    gm.sync(device)
+    first = time.perf_counter() - start
+    return first, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device)
+
+
+def main(argv=None) -> list[list[str]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--shape", default=None, choices=sorted(gm.SHAPES))
+    ap.add_argument("--activation", default="swiglu", choices=["srelu", "swiglu"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"])
+    args = ap.parse_args(argv)
+    if any(n < 1 for n in args.layers):
+        ap.error(f"--layers must be >= 1, got {args.layers}")
+    shape = args.shape or ("S3" if args.device == "cuda" else "tiny")
+    rows = []
+    for name, (run, backend) in implementations(args.activation, args.compiler).items():
+        one = None
+        for layers in sorted(args.layers):
+            first, warm, host = measure(run, backend, layers, shape, args.activation, args.device)
+            one = (layers, first) if one is None else one
+            slope = (first - one[1]) / (layers - one[0]) if layers > one[0] else None
+            rows.append([name, str(layers), f"{first:.1f}", "-" if slope is None else f"{slope:.2f}",
+                         f"{warm:.2f}", f"{host:.2f}"])
+            print(f"[{name}] layers {layers}: first {first:.1f} s, warm {warm:.2f} ms, host {host:.2f} ms",
+                  flush=True)
+    print(f"\n{shape} {args.activation}, {args.device}, {args.compiler}")
+    print(format_table(HEADERS, rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
