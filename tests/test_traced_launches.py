@@ -189,3 +189,238 @@ def test_trace_launches_option_is_checked_and_reaches_the_compile():
     with pytest.raises(ValueError, match="option 'trace_launches' must be a bool"):
         BackendOptions.parse({"trace_launches": "no"})
     assert BackendOptions.parse({}).trace_launches and not BackendOptions.parse({"trace_launches": False}).trace_launches
+
+
+# ---------------------------------------------------------------------------------------
+# The traced path as AOTAutograd traces it on a GPU, on this CPU (no kernel runs)
+#
+# On the CI the kernels run in Triton's interpreter, whose launches cannot be traced, so
+# the path a GPU compile takes (lowerings/inline.py: a fused op on the Triton target
+# becomes its body, each kernel launch a ``triton_kernel_wrapper_functional`` node) never
+# runs here. A child process without TRITON_INTERPRET traces it instead: FakeTensors on
+# device "cuda" (a CPU-only torch lets fake tensors claim a CUDA device), the SM90 stand-in
+# driver of ANALYSE (torch's functionalization of each launch runs Triton's front end to
+# find the written tensors), and AOTAutograd's own tracing (``aot_function``, whose
+# FunctionalTensorMode fires the rule), with static and with symbolic token counts.
+#
+# Not one joint forward+backward trace: autograd cannot record a node on a CUDA tensor in
+# a CPU-only torch, fake or not (c10's InputMetadata asks the CUDA device guard for a
+# stream: "PyTorch is not linked with support for cuda devices", which aborts the
+# process). So the forward op and the backward ops are traced as two AOTAutograd graphs,
+# the backward's inputs being the forward's outputs -- the ops and arguments the joint
+# graph holds (fused.py: the forward op returns exactly what the backward saves, and its
+# autograd formula calls ``grouped_mlp_bwd``).
+
+TRACE = textwrap.dedent("""
+    import json, sys
+    from unittest import mock
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class SM90:  # as in ANALYSE: the front end asks the active driver for its target
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    driver.set_active(SM90())
+
+    from torch._functorch.aot_autograd import aot_function
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_symbols
+    from torch._dynamo.source import ConstantSource
+
+    from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK
+    from nvfp4_inductor.kernels import _registry, api
+    from nvfp4_inductor.lowerings.inline import launches_traced
+    from nvfp4_inductor.saved import SavedForBackward
+
+    assert not _registry.INTERPRET, "the child must run Triton's compiler front end, not its interpreter"
+    mode_name, out_path = sys.argv[1], sys.argv[2]
+    symbolic = mode_name == "symbolic"
+    G, T, H, F = 4, 128, 64, 32
+    FW_INPUTS = ["x", "w1", "w2", "group_sizes", "probs"]
+    BW_INPUTS = ["dy", "probs", "group_sizes", *SavedForBackward._fields]
+
+    class Traced(Exception):
+        pass
+
+    def root(node):
+        # the tensor a view (reshape, dtype view, detach, ...) was taken of
+        while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+            node = node.args[0]
+        return node
+
+    def summarize(gm, input_names):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        names = dict(zip(placeholders, input_names))
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        out = dict(targets=sorted({str(n.target) for n in calls}), kernels=[], cloned_inputs=[], copied_inputs=[],
+                   seeds=[], symbolic_constexprs=[],
+                   token_dim=str(placeholders[0].meta["val"].shape[0]))
+        for n in calls:
+            if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional:
+                kernel = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+                kernel = getattr(kernel, "fn", kernel)  # (an autotuner's JIT function)
+                out["kernels"].append(kernel.__name__)
+                kwargs = n.kwargs["kwargs"]
+                # what Inductor copies before the launch: a graph input here is a copy
+                # of the input per step (and, written back, a mutated input)
+                for name in n.kwargs["tensors_to_clone"]:
+                    if root(kwargs[name]) in names:
+                        out["cloned_inputs"].append([kernel.__name__, name, names[root(kwargs[name])]])
+                constexprs = {p.name for p in kernel.params if p.is_constexpr}
+                for name, value in kwargs.items():
+                    value = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+                    if name in constexprs and isinstance(value, torch.SymInt) and free_symbols(value):
+                        out["symbolic_constexprs"].append([kernel.__name__, name, str(value)])
+            elif "clone" in str(n.target) or "copy" in str(n.target):
+                if n.args and isinstance(n.args[0], torch.fx.Node) and root(n.args[0]) in names:
+                    out["copied_inputs"].append([str(n.target), names[root(n.args[0])]])
+            elif n.target is torch.ops.nvfp4.draw_sr_seeds.default:
+                after = root(n.args[0])
+                out["seeds"].append([names.get(after, after.name), n.args[1]])
+        return out
+
+    # Device queries the op bodies make on "cuda", answered as an H200 (SM90) would:
+    props = mock.Mock(multi_processor_count=132)
+    patches = [
+        # kernels/gemm_common.num_programs: persistent GEMMs launch one program per SM
+        mock.patch("torch.cuda.get_device_properties", return_value=props),
+        # kernels/api._check_input: the kernels run on CUDA tensors where torch has CUDA.
+        # (Patching torch.cuda.is_available instead would make AOTAutograd save and
+        # restore the CUDA RNG state, which a CPU-only torch cannot.)
+        mock.patch.object(api, "available", lambda device: torch.device(device).type == "cuda"),
+    ]
+    for p in patches:
+        p.start()
+
+    results, guards, token_symbolic = {}, [], []
+    for activation in ("srelu", "swiglu"):
+        for recompute in (True, False):
+            shape_env = ShapeEnv() if symbolic else None
+            fake = FakeTensorMode(shape_env=shape_env)
+            graphs = {}
+
+            def trace(name, fn, *args):
+                # AOTAutograd's trace of fn(*args) into graphs[name]; nothing runs it (the
+                # compiler stops there: a graph that mutated an input would fail to copy
+                # the update back to a CUDA tensor here, hiding the check below)
+                def compiler(gm, example_inputs):
+                    graphs[name] = gm
+                    raise Traced
+
+                try:
+                    aot_function(fn, fw_compiler=compiler, dynamic=symbolic)(*args)
+                except Traced:
+                    pass
+
+            options = fused.BackwardOptions(
+                activation=activation, tanh_clamp_scale=None, rht=True, sign_mask=RHT_DEFAULT_SIGN_MASK,
+                stochastic_rounding=True, recompute=recompute, target="triton", fused_dgrad=True)
+
+            def forward(x, w1, w2, sizes, probs):
+                return fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True,
+                                             fused_fc1=True, fused_amax=True)
+
+            def backward(dy, probs, sizes, *saved):
+                return fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(saved), probs, sizes, options)
+
+            with fake:
+                tokens = T
+                if symbolic:  # T as Dynamo makes a dynamic dimension: a backed symbol, hint T, range [2, inf)
+                    source = ConstantSource("T")
+                    symbol = shape_env.create_symbol(T, source=source, dynamic_dim=DimDynamic.DYNAMIC)
+                    tokens = shape_env.create_symintnode(symbol, hint=T, source=source)
+                bf16 = dict(device="cuda", dtype=torch.bfloat16)
+                f1 = 2 * F if activation == "swiglu" else F
+                x, dy = torch.empty(tokens, H, **bf16), torch.empty(tokens, H, **bf16)
+                w1, w2 = torch.empty(G, f1, H, **bf16), torch.empty(G, H, F, **bf16)
+                sizes = torch.empty(G, device="cuda", dtype=torch.int64)
+                probs = torch.empty(tokens, device="cuda", dtype=torch.float32)
+                trace("fw", forward, x, w1, w2, sizes, probs)
+                # the backward's inputs: the forward op's outputs (its fake impl, called outside
+                # AOTAutograd's trace), as the joint graph would save them
+                trace("bw", backward, dy, probs, sizes, *forward(x, w1, w2, sizes, probs)[1:])
+                if activation == "srelu" and recompute:  # control: kept whole, the op is seen
+                    with launches_traced(False):
+                        trace("untraced", forward, x, w1, w2, sizes, probs)
+            key = f"{activation} recompute={recompute}"
+            results[key] = {"fw": summarize(graphs["fw"], FW_INPUTS), "bw": summarize(graphs["bw"], BW_INPUTS)}
+            if "untraced" in graphs:
+                results["untraced"] = summarize(graphs["untraced"], FW_INPUTS)
+            if symbolic:
+                guards += [[key, str(g.expr), str(g.sloc)] for g in shape_env.guards]
+                token_symbolic.append(bool(free_symbols(shape_env.replace(symbol))))
+    json.dump(dict(graphs=results, guards=guards, token_symbolic=token_symbolic), open(out_path, "w"))
+""")
+
+# Every kind of node a traced fused step may hold: torch ops, SymInt arithmetic on sizes
+# (the builtins), kernel launches, and the one opaque op, the stochastic-rounding seeds.
+_ALLOWED = ("aten.", "<built-in function ", "triton_kernel_wrapper_functional", "nvfp4.draw_sr_seeds.default")
+
+
+def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
+    """Traces a training step of the fused ops (Triton plan with every fused kernel, RHT,
+    stochastic rounding, probs; both activations, recompute on and off) the way AOTAutograd
+    does on a GPU, static and with a symbolic token count, and checks the graphs: (1) no
+    fused or GEMM op left, only torch ops, launches and the seed op; (2) the cast, amax,
+    dequantize and GEMM kernels launched; (3) the seeds drawn once in the backward, after dY;
+    (4) no graph input copied for a launch; (5) symbolic T stays symbolic (no guard pins it,
+    no kernel constexpr takes it), with the same launches as the static trace."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT
+    children = {mode: subprocess.Popen([sys.executable, "-c", TRACE, mode, str(tmp_path / f"{mode}.json")],
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for mode in ("static", "symbolic")}  # in parallel: ~25 s each, most of it Triton's front end
+    results = {}
+    for mode, child in children.items():
+        _, stderr = child.communicate(timeout=600)
+        assert child.returncode == 0, f"{mode} trace failed:\n{stderr[-4000:]}"
+        results[mode] = __import__("json").loads((tmp_path / f"{mode}.json").read_text())
+
+    # control: the same forward with launches_traced(False) holds the fused op, so the
+    # checks below would see an op that the rule in lowerings/inline.py failed to inline
+    for mode, result in results.items():
+        assert "nvfp4.grouped_mlp_fwd.default" in result["graphs"].pop("untraced")["targets"], mode
+
+    for mode, result in results.items():
+        assert len(result["graphs"]) == 4, (mode, list(result["graphs"]))
+        for config, graphs in result["graphs"].items():
+            for name, graph in graphs.items():
+                where = f"{mode}, {config}, {name}"
+                # (1) every fused op and GEMM op traced as its body
+                assert not [t for t in graph["targets"] if not t.startswith(_ALLOWED)], where
+                # (4) no graph input cloned or copied for a kernel
+                assert not graph["cloned_inputs"], f"{where}: inputs cloned for a launch: {graph['cloned_inputs']}"
+                assert not graph["copied_inputs"], f"{where}: inputs copied: {graph['copied_inputs']}"
+            # (2) the launches of each step: casts, amaxes, dequantizations and GEMMs
+            quantize = {"_group_amax_kernel", "_group_cast_kernel", "_dequantize_kernel"}
+            fw, bw = set(graphs["fw"]["kernels"]), set(graphs["bw"]["kernels"])
+            assert fw >= quantize | {"_grouped_gemm_act_kernel", "_grouped_gemm_bf16_kernel"}, (mode, config, fw)
+            assert bw >= quantize | {"_grouped_gemm_dact_kernel", "_grouped_gemm_wgrad_bf16_kernel",
+                                     "_grouped_gemm_bf16_kernel"}, (mode, config, bw)
+            # (3) dY's and dC's seeds: one opaque op in the backward, ordered after dY
+            assert graphs["fw"]["seeds"] == [] and graphs["bw"]["seeds"] == [["dy", 2]], (mode, config)
+
+    # (5) symbolic T: still a symbol after tracing, in every graph; no guard equates it to
+    # a value; no constexpr (a compile-time constant of the kernel) depends on it; and the
+    # same launches, in the same order, as with static shapes. (The guards T does get, at
+    # T=128: kernels/config.amax_config's split, programs >= 1024, a range guard, so one
+    # dynamic graph serves T on one side of ~65.4k tokens at G=4; kernels/api.group_quantize's
+    # max(x.numel(), capacity * K), always true; at T >= 65413 also _seed_tensor's 2**32.)
+    symbolic = results["symbolic"]
+    assert all(symbolic["token_symbolic"]), symbolic["guards"]
+    assert not [g for g in symbolic["guards"] if g[1].startswith("Eq(")], symbolic["guards"]
+    for config, graphs in symbolic["graphs"].items():
+        for name, graph in graphs.items():
+            assert not graph["token_dim"].isdigit(), (config, name, graph["token_dim"])
+            assert not graph["symbolic_constexprs"], (config, name, graph["symbolic_constexprs"])
+            assert graph["kernels"] == results["static"]["graphs"][config][name]["kernels"], (config, name)
