@@ -155,12 +155,12 @@ def group_quantize(
     _check_input(x, "group_quantize")
     del block_2d
     tokens = x.shape[0]
-    capacity = columnwise_capacity(tokens, group_sizes.shape[0])
+    capacity = columnwise_capacity(tokens, group_sizes.shape[0])  # >= tokens: it bounds the SR blocks
     row_amax, col_amax = _amaxes(
         x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
     )
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
-        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, max(x.numel(), capacity * x.shape[1]) // 16),
+        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
     )
     return NVFP4GroupedTensor(
