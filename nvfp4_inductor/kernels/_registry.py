@@ -1,6 +1,6 @@
 """How kernel ops are registered and launched: decided once, when this module is imported.
 
-Two modes (torch_compile_backend_guide.md section 6.3):
+Two modes:
 
 * CUDA (the default): each op is a ``torch.library.triton_op`` and launches through
   ``wrap_triton``, so under ``torch.compile`` Inductor sees the kernel launches and plans
