@@ -34,13 +34,14 @@ from nvfp4_inductor.lowerings.inline import target_op
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ANALYSE = textwrap.dedent("""
-    import importlib, json, pickle, sys
+# The child processes' first lines: Triton's front end asks the active driver for its
+# target; this stand-in names SM90 and nothing else runs (no GPU code is generated).
+SM90_DRIVER = textwrap.dedent("""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
-    class SM90:  # the front end asks the active driver for its target; nothing else runs
+    class SM90:
         def get_current_target(self):
             return GPUTarget("cuda", 90, 32)
 
@@ -51,6 +52,10 @@ ANALYSE = textwrap.dedent("""
             return torch.device("cpu")
 
     driver.set_active(SM90())
+""")
+
+ANALYSE = SM90_DRIVER + textwrap.dedent("""
+    import importlib, json, pickle, sys
     from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
 
     out = []
@@ -211,24 +216,9 @@ def test_trace_launches_option_is_checked_and_reaches_the_compile():
 # graph holds (fused.py: the forward op returns exactly what the backward saves, and its
 # autograd formula calls ``grouped_mlp_bwd``).
 
-TRACE = textwrap.dedent("""
+TRACE = SM90_DRIVER + textwrap.dedent("""
     import json, sys
     from unittest import mock
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    class SM90:  # as in ANALYSE: the front end asks the active driver for its target
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
-
-    driver.set_active(SM90())
 
     from torch._functorch.aot_autograd import aot_function
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
