@@ -399,13 +399,17 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
                                      "_grouped_gemm_bf16_kernel"}, (mode, config, bw)
             # (3) dY's and dC's seeds: one opaque op in the backward, ordered after dY
             assert graphs["fw"]["seeds"] == [] and graphs["bw"]["seeds"] == [["dy", 2]], (mode, config)
+        # our launches per step, as the opaque ops make them (test_kernels_epilogue pins those):
+        # the traced graphs hold no more; the host time of a compiled step grows with them
+        recompute = result["graphs"]["swiglu recompute=True"]
+        assert (len(recompute["fw"]["kernels"]), len(recompute["bw"]["kernels"])) == (11, 14), mode
 
     # (5) symbolic T: still a symbol after tracing, in every graph; no guard equates it to
     # a value; no constexpr (a compile-time constant of the kernel) depends on it; and the
     # same launches, in the same order, as with static shapes. (The guards T does get, at
     # T=128: kernels/config.amax_config's split, programs >= 1024, a range guard, so one
-    # dynamic graph serves T on one side of ~65.4k tokens at G=4; kernels/api.group_quantize's
-    # max(x.numel(), capacity * K), always true; at T >= 65413 also _seed_tensor's 2**32.)
+    # dynamic graph serves T on one side of ~65.4k tokens at G=4; at T >= 65413 also
+    # _seed_tensor's 2**32 check on the SR blocks.)
     symbolic = results["symbolic"]
     assert all(symbolic["token_symbolic"]), symbolic["guards"]
     assert not [g for g in symbolic["guards"] if g[1].startswith("Eq(")], symbolic["guards"]
