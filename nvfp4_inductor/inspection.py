@@ -30,6 +30,7 @@ from .compiler import backend as backend_mod
 from .compiler.fused import describe_steps, saved_for_backward
 from .compiler.options import BackendOptions
 from .lowerings import get_target
+from .lowerings.inline import inlines, launches_traced
 from .recipe import Recipe
 
 
@@ -338,8 +339,10 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
     fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=recompute,
                               rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
+    with launches_traced(options.trace_launches):  # as the backend compiles the site
+        traced = inlines(plan.target, x.device)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site), estimated, options.trace_launches and get_target(plan.target).inline())
+                      _specialisation(site), estimated, traced)
 
 
 def _specialisation(site) -> str:

@@ -149,5 +149,5 @@ def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -
         # tiles in dact). benchmarks/epilogue_tiles.py, run EP1 (S1, H200), 128x256 w8 s3 ->
         # 128x128 w8 s4: dact srelu 0.68 -> 0.61 ms, swiglu act 1.54 -> 1.23, dact 1.67 -> 0.89
         return Bf16GemmConfig(128, 128, 64, 8, 4)
-    # Inductor's grouped-mm template on the H200 : 128x256x64, 8 warps, 3 stages
+    # Inductor's grouped-mm template on the H200: 128x256x64, 8 warps, 3 stages
     return Bf16GemmConfig(128, 256, 64, 8, 3)
