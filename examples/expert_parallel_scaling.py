@@ -393,6 +393,10 @@ def main(argv=None) -> int:
             with open(args.out, "w") as f:
                 json.dump(run, f, indent=1)
     ok = all(r["finite"] for r in results)
+    # Every rank leaves together, as tests/distributed_scenarios.py does: CI once saw rank 0 abort
+    # in gloo's teardown ("terminate called without an active exception") after rank 1, done
+    # earlier (it writes no table), had already destroyed its group and exited.
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
 
