@@ -23,6 +23,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from ..lowerings import Plan, SiteSpec, choose_plan
 from ..lowerings.inline import launches_traced
+from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
 from .fused import fused_grouped_mlp
 from .legality import weight_shape
@@ -156,7 +157,9 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
     ``mode`` (torch.compile's) becomes Inductor config patches as for ``backend="inductor"``:
     "reduce-overhead" sets ``triton.cudagraphs`` (CUDA graph trees; Inductor skips them for
     graphs on the CPU). compile_fx applies the patches to the backward's compile too."""
-    with launches_traced(options.trace_launches):  # AOTAutograd traces the fused ops in here
+    # AOTAutograd traces the fused ops in here; Inductor lowers the backward later, at the
+    # first backward call, in inner_compile: each analyses the traced launches
+    with launches_traced(options.trace_launches), launches_analysed_once():
         if options.compiler == "aot_eager":
             from torch._dynamo.backends.debugging import aot_eager_default_partitioner
 
@@ -166,7 +169,16 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
 
         patches = dict(list_mode_options(mode)) if mode else {}
         patches["post_grad_custom_post_pass"] = _PackageVersion()
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return compile_fx(gm, example_inputs, inner_compile=_inner_compile, config_patches=patches)
+
+
+def _inner_compile(*args, **kwargs):
+    """Inductor's compile of one graph (forward, or the backward when first called), with
+    the traced launches analysed once (lowerings/launch_analysis.py)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with launches_analysed_once():
+        return compile_fx_inner(*args, **kwargs)
 
 
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
