@@ -91,7 +91,7 @@ def test_quant_bytes_equal_the_triton_launches(activation, use_steps, monkeypatc
             moved[name] += sum(kw[f"{o}_{t}_ptr"].nbytes for o in "ab" for t in ("data", "scale", "out"))
         elif name == "_group_cast_kernel":
             source = kw["x_ptr"]
-            copies = [kw[k] for k in ("row_data_ptr", "row_scale_ptr", "col_word_ptr", "col_scale_ptr")]
+            copies = [kw[k] for k in ("row_data_ptr", "row_scale_ptr", "col_data_ptr", "col_scale_ptr")]
             moved[name] += source.nbytes + sum(c.nbytes for c in copies if c.data_ptr() != source.data_ptr())
 
     for info in pkgutil.iter_modules(kernels.__path__):

@@ -287,6 +287,12 @@ def test_quantize_weights_matches_reference(block_2d):
     assert_nvfp4_equal(actual, numerics.quantize_weights_torch(w, block_2d=block_2d), f"weights[{block_2d=}]")
 
 
+@pytest.mark.parametrize("shape", [(0, 32, 48), (2, 0, 32), (1, 16, 16)], ids=["no_experts", "no_rows", "one"])
+def test_quantize_weights_of_empty_and_single_stacks(shape):
+    w = _bf16(torch.randn(*shape, generator=torch.Generator().manual_seed(5)))
+    assert_nvfp4_equal(kernels.quantize_weights(w), numerics.quantize_weights_torch(w), f"weights{shape}")
+
+
 @pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["mask_d7e8", "mask0"])
 def test_group_hadamard_amax_matches_reference(sign_mask):
     x, sizes = edge_input(seed=2)

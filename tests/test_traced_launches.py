@@ -146,6 +146,11 @@ def test_no_kernel_input_counts_as_written_when_traced(tmp_path):
              for (_, name, _, inputs), w in zip(launches, writes) if set(w) & set(inputs)]
     assert not wrong, "inputs counted as written:\n" + "\n".join(wrong)
     assert all(writes), "a launch with no written tensor: the analysis found nothing"
+    # the column-wise copy is stored through a pointer the kernel casts (uint8 -> uint64):
+    # the analysis must still see that store, or Inductor could read the copy before it is written
+    columnwise = [w for (_, name, meta, _), w in zip(launches, writes)
+                  if name == "_group_cast_kernel" and meta["COLUMNWISE"]]
+    assert columnwise and all("col_data_ptr" in w for w in columnwise), columnwise
 
 
 @target_op("nvfp4_test::twice")

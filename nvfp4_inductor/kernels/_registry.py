@@ -63,6 +63,13 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def stacked_groups(rows: int, rows_per_group: int) -> int:
+    """G of a stack of G groups of `rows_per_group` rows each (an expert weight stack)."""
+    if rows_per_group <= 0 or rows % rows_per_group:
+        raise ValueError(f"a stack of {rows} rows is not groups of {rows_per_group} rows")
+    return rows // rows_per_group
+
+
 def _functionalizing() -> bool:
     """Whether AOTAutograd is tracing (its FunctionalTensorMode is on): a body that calls
     this op is being inlined into a compiled graph (``lowerings/inline.py``), so the launch

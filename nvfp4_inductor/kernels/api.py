@@ -184,10 +184,16 @@ def quantize_weights(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightSt
     g, n, k = w.shape
     x = w.reshape(g * n, k)
     _check_input(x, "quantize_weights")
-    sizes = torch.full((g,), n, dtype=torch.int64, device=w.device)
-    amax, _ = group_amax(x, sizes, True, False, 0, g * n)
+    if n == 0:  # experts of no rows: nothing to launch (the kernels count a stack's experts by its rows)
+        def empty(*shape, dtype=torch.uint8):
+            return w.new_empty(shape, dtype=dtype)
+
+        return NVFP4WeightStack(empty(g, 0, k // 2), empty(g, 0, k // 16, dtype=_E4M3), empty(g, k, 0),
+                                empty(g, k, 0, dtype=_E4M3), w.new_zeros(g, dtype=torch.float32))
+    # stacked: the kernels know each expert's rows; no group-size tensor (a fill per launch)
+    amax, _ = group_amax(x, None, True, False, 0, n, True)
     row_data, row_scale, col_data, col_scale, *_ = group_cast(
-        x, sizes, amax, amax, None, True, True, False, 0, block_2d, False, n, True,
+        x, None, amax, amax, None, True, True, False, 0, block_2d, False, n, True,
     )
     return NVFP4WeightStack(
         row_data.reshape(g, n, k // 2),

@@ -16,12 +16,14 @@ order-free, so the atomics give the reference's bits).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from ._nvfp4 import fold_run_amax, group_of_runs, rht_round
-from ._registry import cdiv, kernel_op, launch, next_power_of_2
+from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .config import amax_config
 
 
@@ -29,13 +31,16 @@ from .config import amax_config
 def _group_amax_kernel(
     x_ptr, sizes_ptr, pre_ptr, post_ptr,
     K, G, rows_total,
-    PRE: tl.constexpr, POST: tl.constexpr, SIGN_MASK: tl.constexpr,
+    PRE: tl.constexpr, POST: tl.constexpr, SIGN_MASK: tl.constexpr, STACKED: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
     gi = tl.arange(0, BLOCK_G)
-    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)  # here, not in a helper (_nvfp4.load_token)
+    if STACKED:  # G groups of rows_total / G rows: no sizes to load
+        sizes = tl.where(gi < G, rows_total // G, 0)
+    else:  # loaded here, not in a helper (_nvfp4.load_token)
+        sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
     g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     acc_pre = tl.zeros((R, BK), dtype=tl.float32)
@@ -61,17 +66,20 @@ def _output(x: torch.Tensor, groups: int, wanted: bool) -> torch.Tensor:
 
 @kernel_op("nvfp4_kernels::group_amax")
 def group_amax(
-    x: torch.Tensor, group_sizes: torch.Tensor, pre: bool, post: bool, sign_mask: int, capacity: int
+    x: torch.Tensor, group_sizes: Optional[torch.Tensor], pre: bool, post: bool, sign_mask: int, capacity: int,
+    stacked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group (pre-RHT amax, post-RHT amax), fp32 (G,) each, of x (T, K).
 
     capacity: the padded token count the groups fit in (numerics.columnwise_capacity(T, G),
-    or T when every group size is a multiple of 16). An amax not asked for is an empty (0,)
-    tensor: no zero fill (a launch on CUDA) for what nobody reads.
+    or T when every group size is a multiple of 16). stacked: x is G = T / capacity groups
+    of `capacity` rows each (an expert weight stack, ``quantize_weights``) and group_sizes
+    is None. An amax not asked for is an empty (0,) tensor: no zero fill (a launch on
+    CUDA) for what nobody reads.
     """
     x = x.contiguous()
     tokens, k = x.shape
-    groups = group_sizes.shape[0]
+    groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pre_amax, post_amax = _output(x, groups, pre), _output(x, groups, post)
     if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
         return pre_amax, post_amax
@@ -79,9 +87,9 @@ def group_amax(
     k_split = min(cfg.k_split, cdiv(k, cfg.block_k))
     launch(
         _group_amax_kernel, (cdiv(capacity, cfg.block_m), k_split),
-        x_ptr=x, sizes_ptr=group_sizes.contiguous(),
-        pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=capacity,
-        PRE=pre, POST=post, SIGN_MASK=sign_mask, BLOCK_G=max(next_power_of_2(groups), 2),
+        x_ptr=x, sizes_ptr=x if stacked else group_sizes.contiguous(),
+        pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=tokens if stacked else capacity,
+        PRE=pre, POST=post, SIGN_MASK=sign_mask, STACKED=stacked, BLOCK_G=max(next_power_of_2(groups), 2),
         EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
     return pre_amax, post_amax

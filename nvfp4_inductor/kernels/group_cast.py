@@ -22,7 +22,9 @@ Row-wise: tile x_j is R rows of x: 1x16 blocks along K, stored at the source row
 row-wise-only cast takes the 16 tiles one at a time (nothing needs them together).
 Column-wise: the 16 tiles of a run form one 16-token block per column k; codes of
 tokens 2i, 2i+1 share a byte and the 8 bytes of a run go out as one uint64, so the
-column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity).
+column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity), through
+a uint64 pointer the kernel makes from the uint8 output's (a dtype view outside the
+kernel would be two more ops per cast in a compiled step).
 
 Stacked layout (STACKED, used by ``quantize_weights``): the input is a (G*N, K) stack of
 G groups of N rows; the column-wise copy of group g goes to [g, :, :] of (G, K, N/2)
@@ -57,7 +59,7 @@ from ._nvfp4 import (
     rht16,
     token_rows,
 )
-from ._registry import cdiv, kernel_op, launch, next_power_of_2
+from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .config import cast_config
 
 
@@ -117,7 +119,7 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 @triton.jit
 def _group_cast_kernel(
     x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
-    row_data_ptr, row_scale_ptr, col_word_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
+    row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
@@ -132,7 +134,10 @@ def _group_cast_kernel(
     else:
         k_ok = ks < K
     gi = tl.arange(0, BLOCK_G)
-    sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)  # here, not in a helper (_nvfp4.load_token)
+    if STACKED:  # G groups of rows_total / G rows: no sizes to load
+        sizes = tl.where(gi < G, rows_total // G, 0)
+    else:  # loaded here, not in a helper (_nvfp4.load_token)
+        sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
     g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
@@ -329,14 +334,14 @@ def _group_cast_kernel(
         word = word | ((c12 | (c13 << 4)).to(tl.uint64) << 48)
         word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
         col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
-        tl.store(col_word_ptr + idx, word.to(tl.int64, bitcast=True), mask=col_ok)
+        tl.store(col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx, word, mask=col_ok)
         tl.store(col_scale_ptr + idx, code_s.to(tl.uint8), mask=col_ok)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
 def group_cast(
     x: torch.Tensor,
-    group_sizes: torch.Tensor,
+    group_sizes: Optional[torch.Tensor],
     row_amax: Optional[torch.Tensor],
     col_amax: Optional[torch.Tensor],
     seed: Optional[torch.Tensor],
@@ -353,7 +358,8 @@ def group_cast(
     they may be one tensor, or alias anything: they are only read).
 
     capacity: column-wise width P (grouped: numerics.columnwise_capacity(T, G); one
-    group of T tokens, T % 16 == 0: T; stacked: N = T / G, the rows of one group).
+    group of T tokens, T % 16 == 0: T; stacked: N = T / G, the rows of one group, and
+    group_sizes is None: an expert weight stack, ``quantize_weights``).
     seed: int64 (1,) on x's device (read only with stochastic_rounding).
     Returns (row data (T, K/2) uint8, row scales (T, K/16) uint8, column-wise data
     (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) [(G, K, N/16)],
@@ -362,7 +368,7 @@ def group_cast(
     """
     x = x.contiguous()
     tokens, k = x.shape
-    groups = group_sizes.shape[0]
+    groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pad_off = x.new_empty(groups + 1, dtype=torch.int64)
     def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
         return x.new_empty(*shape if wanted else (0,), dtype=torch.uint8)
@@ -372,7 +378,6 @@ def group_cast(
     lead = (groups, k) if stacked else (k,)
     col_data = alloc(columnwise, *lead, capacity // 2)
     col_scale = alloc(columnwise, *lead, capacity // BLOCK)
-    col_words = col_data.view(torch.int64) if columnwise and col_data.numel() else x.new_empty(0, dtype=torch.int64)
     row_amax_out = x.new_empty(groups if rowwise else 0, dtype=torch.float32)
     col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity
@@ -382,11 +387,11 @@ def group_cast(
         return row_data, row_scale, col_data, col_scale, pad_off.zero_(), row_amax_out, col_amax_out
     launch(
         _group_cast_kernel, grid,
-        x_ptr=x, sizes_ptr=group_sizes.contiguous(), pad_off_ptr=pad_off,
+        x_ptr=x, sizes_ptr=x if stacked else group_sizes.contiguous(), pad_off_ptr=pad_off,
         row_amax_ptr=row_amax if rowwise else x, col_amax_ptr=col_amax if columnwise else x,
         seed_ptr=seed if stochastic_rounding else x,
         row_data_ptr=row_data if rowwise else x, row_scale_ptr=row_scale if rowwise else x,
-        col_word_ptr=col_words if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
+        col_data_ptr=col_data if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
         row_amax_out_ptr=row_amax_out if rowwise else x, col_amax_out_ptr=col_amax_out if columnwise else x,
         K=k, G=groups, rows_total=rows_total, cap=capacity,
         col_group_stride=k * capacity // BLOCK,
