@@ -1,9 +1,10 @@
 """What torch.compile sees of our kernels when it traces their launches (lowerings/inline.py).
 
 Traced, a launch's written tensors are not declared: torch finds them by analysing the
-kernel's IR (``identify_accessed_tensors``), and copies every tensor it counts as written
-that is still read later -- a weight it counts as written is copied before the launch
-and copied back after it (a mutated graph input, which also stops CUDA graphs). The
+kernel's IR (``identify_accessed_tensors``; ``identify_mutated_tensors`` before 2.13),
+and copies every tensor it counts as written that is still read later -- a weight it
+counts as written is copied before the launch and copied back after it (a mutated graph
+input, which also stops CUDA graphs). The
 analysis follows store addresses back through helper calls, so a kernel that builds a
 store address from a helper that was also passed an input pointer gets that input
 counted (``_nvfp4.load_token``). This test runs torch's analysis on every launch of a
@@ -56,15 +57,20 @@ SM90_DRIVER = textwrap.dedent("""
 
 ANALYSE = SM90_DRIVER + textwrap.dedent("""
     import importlib, json, pickle, sys
-    from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    def written(kernel, kwargs):  # torch >= 2.13: accesses; before: the written names
+        if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):
+            writes = triton_kernel_wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes
+            return sorted(dep.name for dep in writes)
+        return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {}))
 
     out = []
     for module, name, meta in pickle.load(open(sys.argv[1], "rb")):
         kernel = getattr(importlib.import_module(module), name)
         kwargs = {k: torch.empty(v[1], dtype=v[2]) if isinstance(v, tuple) and v[:1] == ("T",) else v
                   for k, v in meta.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-        writes = identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes
-        out.append(sorted(dep.name for dep in writes))
+        out.append(written(kernel, kwargs))
     print(json.dumps(out))
 """)
 
