@@ -8,8 +8,9 @@ grows with the number of layers; without them the fused ops are opaque calls and
 kernels compile once, whatever the depth. This measures both in one process, one row per
 (implementation, layers), each after ``torch._dynamo.reset()``: the first step (Dynamo,
 AOTAutograd, Inductor; Triton and Inductor caches stay warm from the rows before, as in a
-second run of a training script), the per-layer slope against the one-layer row, the warm
-step and its host time.
+second run of a training script; the table of analysed launches is emptied, as in a new
+process), the per-layer slope against the one-layer row, the launch analyses torch ran and
+those answered from the table (lowerings/launch_analysis.py), the warm step and its host time.
 
     python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
         [--device cuda|cpu] [--compiler inductor|aot_eager]
@@ -31,8 +32,10 @@ import torch  # noqa: E402
 import grouped_mlp as gm  # noqa: E402
 import nvfp4_inductor as nv  # noqa: E402
 from nvfp4_inductor.inspection import format_table  # noqa: E402
+from nvfp4_inductor.lowerings import launch_analysis  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
-HEADERS = ["implementation", "layers", "first s", "s per layer", "warm ms", "host ms"]
+HEADERS = ["implementation", "layers", "first s", "s per layer", "analyses (reused)", "warm ms", "host ms"]
 
 
 def stack(run, layers):
@@ -63,17 +66,20 @@ def measure(run, backend, layers, shape, activation, device):
                             for _ in range(layers - 1)]
     params = [w for pair in weights for w in pair]
     torch._dynamo.reset()
+    launch_analysis.forget()
     fn = torch.compile(stack(run, layers), backend=backend, dynamic=False)
 
     def step():
         y = fn(x, weights, sizes, probs)
         torch.autograd.grad(y, [x, *params, probs], grad)
 
+    counters["nvfp4"]["launch_analyses"] = counters["nvfp4"]["launch_analyses_reused"] = 0
     start = time.perf_counter()
     step()
     gm.sync(device)
     first = time.perf_counter() - start
-    return first, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device)
+    analyses = f'{counters["nvfp4"]["launch_analyses"]} ({counters["nvfp4"]["launch_analyses_reused"]})'
+    return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device)
 
 
 def main(argv=None) -> list[list[str]]:
@@ -91,10 +97,10 @@ def main(argv=None) -> list[list[str]]:
     for name, (run, backend) in implementations(args.activation, args.compiler).items():
         one = None
         for layers in sorted(args.layers):
-            first, warm, host = measure(run, backend, layers, shape, args.activation, args.device)
+            first, analyses, warm, host = measure(run, backend, layers, shape, args.activation, args.device)
             one = (layers, first) if one is None else one
             slope = (first - one[1]) / (layers - one[0]) if layers > one[0] else None
-            rows.append([name, str(layers), f"{first:.1f}", "-" if slope is None else f"{slope:.2f}",
+            rows.append([name, str(layers), f"{first:.1f}", "-" if slope is None else f"{slope:.2f}", analyses,
                          f"{warm:.2f}", f"{host:.2f}"])
             print(f"[{name}] layers {layers}: first {first:.1f} s, warm {warm:.2f} ms, host {host:.2f} ms",
                   flush=True)

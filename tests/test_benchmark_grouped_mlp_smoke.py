@@ -129,5 +129,6 @@ def test_compile_time_benchmark_runs_on_cpu():
         cells = dict(zip(compile_time.HEADERS, row))
         assert all(_finite(cells[k]) for k in ("first s", "warm ms", "host ms"))
         assert (cells["s per layer"] == "-") == (cells["layers"] == "1")
+        assert cells["analyses (reused)"] == "0 (0)"  # the CPU's reference target is never traced as launches
     with pytest.raises(SystemExit):
         compile_time.main(["--device", "cpu", "--layers", "0"])

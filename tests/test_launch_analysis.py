@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from torch._higher_order_ops import triton_kernel_wrap
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -76,6 +77,8 @@ def test_torchs_function_is_memoized_only_inside_the_block():
         return [f"written {len(calls)}"]
 
     setattr(triton_kernel_wrap, name, analyse)
+    launch_analysis.forget()
+    counters["nvfp4"].clear()
     try:
         args = dict(x_ptr=_fake(8), y_ptr=_fake(8), BLOCK=16)
         with launches_analysed_once():
@@ -90,6 +93,7 @@ def test_torchs_function_is_memoized_only_inside_the_block():
         setattr(triton_kernel_wrap, name, torchs)
     assert (first, again, other, outside) == (["written 1"], ["written 1"], ["written 2"], ["written 3"])
     assert calls == [8, 9, 8]
+    assert (counters["nvfp4"]["launch_analyses"], counters["nvfp4"]["launch_analyses_reused"]) == (2, 1)
     first.append("changed by a caller")
     assert launch_analysis._analysed[launch_key(_copy, {**args, "n": 8}, {})] == ["written 1"]
 

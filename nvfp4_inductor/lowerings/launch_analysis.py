@@ -15,7 +15,8 @@ the block runs, in one table per process. torch has no hook for this, so the blo
 torch's function (``identify_accessed_tensors``; ``identify_mutated_tensors`` before torch
 2.13) in its module and puts it back after; callers look it up there at call time.
 A launch the key cannot describe (real tensors, TMA descriptors, unhashable values) is
-analysed as before.
+analysed as before. ``counters["nvfp4"]`` (torch._dynamo.utils) counts the analyses run
+("launch_analyses") and those answered from the table ("launch_analyses_reused").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import sympy
 import torch
+from torch._dynamo.utils import counters
 from torch._higher_order_ops import triton_kernel_wrap
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -78,14 +80,22 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
 def _memoized(analyse: Callable) -> Callable:
     def analyse_once(kernel, kwargs, tma_descriptor_metadata):
         key = launch_key(kernel, kwargs, tma_descriptor_metadata)
-        if key is None:
-            return analyse(kernel, kwargs, tma_descriptor_metadata)
-        if key not in _analysed:
-            _analysed[key] = analyse(kernel, kwargs, tma_descriptor_metadata)
-        return copy.deepcopy(_analysed[key])  # callers own their answer, as from torch
+        if key is not None and key in _analysed:
+            counters["nvfp4"]["launch_analyses_reused"] += 1
+            return copy.deepcopy(_analysed[key])  # callers own their answer, as from torch
+        counters["nvfp4"]["launch_analyses"] += 1
+        answer = analyse(kernel, kwargs, tma_descriptor_metadata)
+        if key is not None:
+            _analysed[key] = copy.deepcopy(answer)
+        return answer
 
     analyse_once.__wrapped__ = analyse
     return analyse_once
+
+
+def forget() -> None:
+    """Empty the table (a benchmark measuring compile time as a fresh process would)."""
+    _analysed.clear()
 
 
 @contextlib.contextmanager
