@@ -114,6 +114,9 @@ class MoELayer(nn.Module):
         super().__init__()
         self.gate, self.experts, self.top_k = gate, experts, top_k
         self.world = dist.get_world_size()
+        # the group by name: Dynamo then holds no ProcessGroup object, which would outlive
+        # destroy_process_group and be freed only as the interpreter exits
+        self.group_name = dist.group.WORLD.group_name
         self.total, self.local = num_experts, num_experts // self.world
 
     def route(self, x):
@@ -127,7 +130,7 @@ class MoELayer(nn.Module):
         return probs.reshape(-1)[order], order, counts
 
     def forward(self, x):
-        group, world, local, k = dist.group.WORLD, self.world, self.local, self.top_k
+        group, world, local, k = self.group_name, self.world, self.local, self.top_k
         probs, order, counts = self.route(x)
         received = funcol.all_to_all_single(counts, None, None, group)  # per source rank, per local expert
         send = counts.view(world, local).sum(1).tolist()
@@ -393,9 +396,9 @@ def main(argv=None) -> int:
             with open(args.out, "w") as f:
                 json.dump(run, f, indent=1)
     ok = all(r["finite"] for r in results)
-    # Every rank leaves together, as tests/distributed_scenarios.py does: CI once saw rank 0 abort
-    # in gloo's teardown ("terminate called without an active exception") after rank 1, done
-    # earlier (it writes no table), had already destroyed its group and exited.
+    # Every rank leaves together, as tests/distributed_scenarios.py does: CI once saw rank 0 (the
+    # store's host) abort in teardown ("terminate called without an active exception") after
+    # rank 1, done earlier (it writes no table), had already destroyed its group and exited.
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
