@@ -10,12 +10,13 @@ launch the same kernels with the same arguments.
 
 The analysis depends only on the kernel, its arguments' dtypes (torch replaces each
 tensor by an empty one of that dtype) and its other arguments' values (symbolic sizes by
-a placeholder). ``launches_analysed_once`` memoizes it on exactly that, for as long as
-the block runs, in one table per process. torch has no hook for this, so the block swaps
-torch's function (``identify_accessed_tensors``; ``identify_mutated_tensors`` before torch
-2.13) in its module and puts it back after; callers look it up there at call time.
-A launch the key cannot describe (real tensors, TMA descriptors, unhashable values) is
-analysed as before. ``counters["nvfp4"]`` (torch._dynamo.utils) counts the analyses run
+a placeholder). While a ``launches_analysed_once`` block runs, a launch seen before is
+answered from a table keyed on exactly that (one table per process, kept between blocks:
+a later compile of the same layers analyses nothing). torch has no hook for this, so the
+block swaps torch's function (``identify_accessed_tensors``; ``identify_mutated_tensors``
+before torch 2.13) in its module and puts it back after; callers look it up there at call
+time. A launch the key cannot describe (real tensors, TMA descriptors, unhashable values)
+is analysed as before. ``counters["nvfp4"]`` (torch._dynamo.utils) counts the analyses run
 ("launch_analyses") and those answered from the table ("launch_analyses_reused").
 """
 
