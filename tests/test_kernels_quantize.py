@@ -287,8 +287,11 @@ def test_quantize_weights_matches_reference(block_2d):
     assert_nvfp4_equal(actual, numerics.quantize_weights_torch(w, block_2d=block_2d), f"weights[{block_2d=}]")
 
 
-@pytest.mark.parametrize("shape", [(0, 32, 48), (2, 0, 32), (1, 16, 16)], ids=["no_experts", "no_rows", "one"])
+@pytest.mark.parametrize("shape", [(0, 32, 48), (2, 0, 32), (1, 16, 16), (4, 512, 64)],
+                         ids=["no_experts", "no_rows", "one", "more_rows_than_a_program"])
 def test_quantize_weights_of_empty_and_single_stacks(shape):
+    # (4, 512, 64): the stack's 2048 rows span several amax and cast programs (256 rows each
+    # in the interpreter), so a grid sized by one expert's rows leaves experts at amax 0
     w = _bf16(torch.randn(*shape, generator=torch.Generator().manual_seed(5)))
     assert_nvfp4_equal(kernels.quantize_weights(w), numerics.quantize_weights_torch(w), f"weights{shape}")
 

@@ -83,12 +83,13 @@ def group_amax(
     pre_amax, post_amax = _output(x, groups, pre), _output(x, groups, post)
     if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
         return pre_amax, post_amax
-    cfg = amax_config(capacity, k)
+    rows_total = tokens if stacked else capacity  # the rows the grid covers
+    cfg = amax_config(rows_total, k)
     k_split = min(cfg.k_split, cdiv(k, cfg.block_k))
     launch(
-        _group_amax_kernel, (cdiv(capacity, cfg.block_m), k_split),
+        _group_amax_kernel, (cdiv(rows_total, cfg.block_m), k_split),
         x_ptr=x, sizes_ptr=x if stacked else group_sizes.contiguous(),
-        pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=tokens if stacked else capacity,
+        pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=rows_total,
         PRE=pre, POST=post, SIGN_MASK=sign_mask, STACKED=stacked, BLOCK_G=max(next_power_of_2(groups), 2),
         EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )
