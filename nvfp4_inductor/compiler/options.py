@@ -20,9 +20,9 @@ class BackendOptions:
     trace_launches: where the site's target allows it (``Target.inline``: the Triton
         kernels on a GPU), the fused ops are traced as their kernel launches, which
         Inductor's generated code makes itself (``lowerings/inline.py``; much less host
-        time per step). False keeps every fused op one call: torch analyses each traced
-        launch of each layer while compiling, so a model of many layers compiles longer
-        traced; the results are the same bits either way."""
+        time per step). False keeps every fused op one call (a fallback); torch's analysis
+        of each traced launch while compiling is done once per distinct launch
+        (``lowerings/launch_analysis.py``); the results are the same bits either way."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
