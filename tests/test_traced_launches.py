@@ -245,7 +245,7 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
 
     assert not _registry.INTERPRET, "the child must run Triton's compiler front end, not its interpreter"
     mode_name, out_path = sys.argv[1], sys.argv[2]
-    symbolic = mode_name == "symbolic"
+    symbolic = mode_name in ("symbolic", "unbacked")
     G, T, H, F = 4, 128, 64, 32
     FW_INPUTS = ["x", "w1", "w2", "group_sizes", "probs"]
     BW_INPUTS = ["dy", "probs", "group_sizes", *SavedForBackward._fields]
@@ -336,10 +336,14 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
 
             with fake:
                 tokens = T
-                if symbolic:  # T as Dynamo makes a dynamic dimension: a backed symbol, hint T, range [2, inf)
+                if mode_name == "symbolic":  # T as Dynamo makes a dynamic dimension: a backed symbol, hint T, range [2, inf)
                     source = ConstantSource("T")
                     symbol = shape_env.create_symbol(T, source=source, dynamic_dim=DimDynamic.DYNAMIC)
                     tokens = shape_env.create_symintnode(symbol, hint=T, source=source)
+                elif mode_name == "unbacked":  # T counted on the device (expert parallelism's received rows)
+                    tokens = shape_env.create_unbacked_symint()
+                    symbol = tokens.node.expr
+                    shape_env.pending_fresh_unbacked_symbols.clear()  # made here, not by a traced op
                 bf16 = dict(device="cuda", dtype=torch.bfloat16)
                 f1 = 2 * F if activation == "swiglu" else F
                 x, dy = torch.empty(tokens, H, **bf16), torch.empty(tokens, H, **bf16)
@@ -375,12 +379,13 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     fused or GEMM op left, only torch ops, launches and the seed op; (2) the cast, amax,
     dequantize and GEMM kernels launched; (3) the seeds drawn once in the backward, after dY;
     (4) no graph input copied for a launch; (5) symbolic T stays symbolic (no guard pins it,
-    no kernel constexpr takes it), with the same launches as the static trace."""
+    no kernel constexpr takes it), with the same launches as the static trace; (6) a
+    data-dependent T keeps the fused ops whole."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT
     children = {mode: subprocess.Popen([sys.executable, "-c", TRACE, mode, str(tmp_path / f"{mode}.json")],
                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for mode in ("static", "symbolic")}  # in parallel: ~25 s each, most of it Triton's front end
+                for mode in ("static", "symbolic", "unbacked")}  # in parallel: ~25 s each, most of it Triton's front end
     results = {}
     for mode, child in children.items():
         _, stderr = child.communicate(timeout=600)
@@ -391,6 +396,15 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     # checks below would see an op that the rule in lowerings/inline.py failed to inline
     for mode, result in results.items():
         assert "nvfp4.grouped_mlp_fwd.default" in result["graphs"].pop("untraced")["targets"], mode
+
+    # (6) a data-dependent T (an unbacked symbol) keeps both fused ops whole, each one call
+    # that runs its body on the real sizes (inline._sizes_known): the bodies' empty-input
+    # exits and tile choices cannot be decided on such a size, and failed the compile
+    unbacked = results.pop("unbacked")
+    assert len(unbacked["graphs"]) == 4, list(unbacked["graphs"])
+    for config, graphs in unbacked["graphs"].items():
+        assert "nvfp4.grouped_mlp_fwd.default" in graphs["fw"]["targets"] and not graphs["fw"]["kernels"], config
+        assert "nvfp4.grouped_mlp_bwd_fc2.default" in graphs["bw"]["targets"] and not graphs["bw"]["kernels"], config
 
     for mode, result in results.items():
         assert len(result["graphs"]) == 4, (mode, list(result["graphs"]))
