@@ -287,11 +287,12 @@ def test_quantize_weights_matches_reference(block_2d):
     assert_nvfp4_equal(actual, numerics.quantize_weights_torch(w, block_2d=block_2d), f"weights[{block_2d=}]")
 
 
-@pytest.mark.parametrize("shape", [(0, 32, 48), (2, 0, 32), (1, 16, 16), (4, 512, 64)],
-                         ids=["no_experts", "no_rows", "one", "more_rows_than_a_program"])
+@pytest.mark.parametrize("shape", [(0, 32, 48), (2, 0, 32), (1, 16, 16), (4, 512, 64), (8, 48, 32)],
+                         ids=["no_experts", "no_rows", "one", "more_rows_than_a_program", "experts_share_programs"])
 def test_quantize_weights_of_empty_and_single_stacks(shape):
     # (4, 512, 64): the stack's 2048 rows span several amax and cast programs (256 rows each
-    # in the interpreter), so a grid sized by one expert's rows leaves experts at amax 0
+    # in the interpreter), so a grid sized by one expert's rows leaves experts at amax 0;
+    # (8, 48, 32): one program holds several experts, each of 3 runs of 16 rows
     w = _bf16(torch.randn(*shape, generator=torch.Generator().manual_seed(5)))
     assert_nvfp4_equal(kernels.quantize_weights(w), numerics.quantize_weights_torch(w), f"weights{shape}")
 
@@ -511,6 +512,11 @@ def test_gpu_quantize_and_weights_big():
         assert_nvfp4_equal(kernels.quantize(x, **options), numerics.quantize_torch(x, **options), f"gpu quantize {options}")
     w = random_input(8 * 1024, 2048, seed=2).reshape(8, 1024, 2048)
     assert_nvfp4_equal(kernels.quantize_weights(w), numerics.quantize_weights_torch(w), "gpu weights")
+    # many experts of a few runs each: programs hold runs of several experts
+    w = random_input(128 * 48, 256, seed=3).reshape(128, 48, 256)
+    for block_2d in (True, False):
+        assert_nvfp4_equal(kernels.quantize_weights(w, block_2d=block_2d),
+                           numerics.quantize_weights_torch(w, block_2d=block_2d), f"gpu weights 128 experts {block_2d=}")
 
 
 @pytest.mark.gpu

@@ -292,6 +292,21 @@ def group_of_runs(sizes, r0, rows_total, G, R: tl.constexpr, BLOCK_G: tl.constex
 
 
 @triton.jit
+def stacked_runs(r0, rows_total, G, R: tl.constexpr):
+    """``group_of_runs`` for a stack of G groups of n = rows_total / G rows each, n a
+    multiple of 16 (an expert weight stack): no padding, so p_g = g * n and a run's group
+    is its first row // n. The same values as ``group_of_runs`` on G sizes of n, without
+    its (R, BLOCK_G) search: at 128 experts that search cost the cast ~10 instructions
+    per element and spilled registers (sm_90 SASS)."""
+    n = rows_total // G
+    rs = r0 + tl.arange(0, R).to(tl.int64) * 16
+    in_group = rs < rows_total
+    g = tl.where(in_group, rs // n, 0).to(tl.int32)
+    start = g.to(tl.int64) * n
+    return g, in_group, rs, start, tl.zeros_like(rs) + n, start
+
+
+@triton.jit
 def token_rows(start, local0, size, in_group, j: tl.constexpr):
     """Token j of each run: (source row (R,), row valid (R,))."""
     local = local0 + j

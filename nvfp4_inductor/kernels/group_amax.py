@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvfp4 import fold_run_amax, group_of_runs, rht_round
+from ._nvfp4 import fold_run_amax, group_of_runs, rht_round, stacked_runs
 from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .config import amax_config
 
@@ -36,12 +36,12 @@ def _group_amax_kernel(
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
-    gi = tl.arange(0, BLOCK_G)
-    if STACKED:  # G groups of rows_total / G rows: no sizes to load
-        sizes = tl.where(gi < G, rows_total // G, 0)
+    if STACKED:  # G groups of rows_total / G rows: no sizes to load, no search
+        g, in_group, rs, poff, size, start = stacked_runs(r0, rows_total, G, R)
     else:  # loaded here, not in a helper (_nvfp4.load_token)
+        gi = tl.arange(0, BLOCK_G)
         sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
-    g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
+        g, in_group, rs, poff, size, start, _ = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     acc_pre = tl.zeros((R, BK), dtype=tl.float32)
     acc_post = tl.zeros((R, BK), dtype=tl.float32)

@@ -57,6 +57,7 @@ from ._nvfp4 import (
     random_byte,
     random_bytes_along_last,
     rht16,
+    stacked_runs,
     token_rows,
 )
 from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
@@ -134,11 +135,12 @@ def _group_cast_kernel(
     else:
         k_ok = ks < K
     gi = tl.arange(0, BLOCK_G)
-    if STACKED:  # G groups of rows_total / G rows: no sizes to load
-        sizes = tl.where(gi < G, rows_total // G, 0)
+    if STACKED:  # G groups of rows_total / G rows: no sizes to load, no search
+        g, in_group, rs, poff, size, start = stacked_runs(r0, rows_total, G, R)
+        pad_end = (gi + 1).to(tl.int64) * (rows_total // G)
     else:  # loaded here, not in a helper (_nvfp4.load_token)
         sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
-    g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
+        g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
     local0 = rs - poff
     # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
     first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
