@@ -132,3 +132,27 @@ def test_compile_time_benchmark_runs_on_cpu():
         assert cells["analyses (reused)"] == "0 (0)"  # the CPU's reference target is never traced as launches
     with pytest.raises(SystemExit):
         compile_time.main(["--device", "cpu", "--layers", "0"])
+
+
+def test_cast_sass_counts_the_column_block_loop(tmp_path):
+    """benchmarks/cast_sass.py (SM90 instructions per cast element, compiled here with
+    Triton's ptxas): one column block per program compiles to straight-line code, four to a
+    loop whose body holds most of the kernel, and the loop spreads the per-program work
+    over more elements. In a child process: the script makes a stand-in driver Triton's
+    active one."""
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import cast_sass; "
+            "json.dump(cast_sass.main(['--variants', 'row', '--groups', '8', '--k-blocks', '1', '4']), "
+            f"open({str(tmp_path / 'rows.json')!r}, 'w'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    one, four = [dict(zip(["variant", "groups", "k_blocks", "sass", "loop", "per_element", "registers", "spills"], r))
+                 for r in json.loads((tmp_path / "rows.json").read_text())]
+    assert (one["k_blocks"], one["loop"]) == ("1", "0")
+    assert four["k_blocks"] == "4" and int(four["loop"]) > int(four["sass"]) // 2
+    assert float(four["per_element"]) < float(one["per_element"])

@@ -128,18 +128,25 @@ def test_group_quantize_matches_reference(case: GroupCase):
 
 @pytest.mark.parametrize(
     "cfg",
-    [CastConfig(block_m=16, block_k=32, num_warps=1), CastConfig(block_m=32, block_k=64, num_warps=2, max_registers=128)],
-    ids=["one_run_narrow", "two_runs_register_cap"],
+    [CastConfig(block_m=16, block_k=32, num_warps=1), CastConfig(block_m=32, block_k=64, num_warps=2, max_registers=128),
+     CastConfig(block_m=64, block_k=16, num_warps=1, k_blocks=4), CastConfig(block_m=64, block_k=32, num_warps=1, k_blocks=2)],
+    ids=["one_run_narrow", "two_runs_register_cap", "four_column_blocks", "two_column_blocks_k_tail"],
 )
 def test_cast_tiles_change_no_bit(cfg):
-    """Tiles that split groups across programs, leave K unaligned (96 % 64) and cap the
-    registers give the reference's bits, RNE and SR."""
+    """Tiles that split groups across programs, leave K unaligned (96 % 64), cap the
+    registers, or walk several column blocks per program (96 = 6 blocks of 16: programs of
+    4 and 2; 3 blocks of 32: programs of 2 and 1) give the reference's bits: RNE and SR,
+    row and column, row only, and 2D weight stacks."""
     x = random_input(100, 96, seed=5)
     sizes = torch.tensor([0, 37, 50, 13], device=DEVICE)
-    for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9)):
+    for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9), _ROW_ONLY):
         with config.override(cast=cfg):
             actual = kernels.group_quantize(x, sizes, **options)
         assert_nvfp4_equal(actual, numerics.group_quantize_torch(x, sizes, **options), f"tiles {cfg} {options}")
+    w = random_input(3 * 48, 96, seed=6).reshape(3, 48, 96)
+    with config.override(cast=cfg):
+        actual = kernels.quantize_weights(w)
+    assert_nvfp4_equal(actual, numerics.quantize_weights_torch(w), f"tiles {cfg} weights")
 
 
 def test_register_cap_is_a_launch_option():

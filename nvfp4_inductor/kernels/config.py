@@ -32,6 +32,9 @@ class CastConfig:
     # ptxas register cap per thread (None: ptxas takes up to 255). Fewer registers let more
     # warps share an SM, at the cost of spills to local memory.
     max_registers: int | None = None
+    # column blocks (of block_k) per program, cast one after the other: the search for the
+    # runs' groups and the other per-program work are paid once for all of them
+    k_blocks: int = 1
 
     def launch_options(self) -> dict:
         """Triton launch options of this config."""
@@ -106,14 +109,20 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastCon
     64x128 4 warps 2617 us (one run of 16 tokens per program: fewer Philox words held).
     Register caps (run Q6, same shape): SR at 128 registers 1342 us vs 1467 uncapped (16
     warps per SM instead of 10 outweigh its spills); RNE loses with any cap (200: 933 vs
-    863 us; 128: 1516). A row-wise-only cast holds one token at a time (64 registers)."""
+    863 us; 128: 1516). A row-wise-only cast holds one token at a time (64 registers).
+    RNE casts take 4 column blocks per program: the group search and the rest of a
+    program's setup are paid once for 4 blocks. sm_90a SASS per element (benchmarks/cast_sass.py
+    with Triton 3.6, the H200's; G = 8 / 128 groups): row + column 60.4 / 67.5 -> 52.9 / 54.7, row only
+    32.0 / 39.8 -> 24.8 / 26.7, column only 34.4 / 36.4 -> 30.7 / 31.3, 2D weight stacks
+    40.9 -> 37.1 (16 bytes of spills), no other spills. The SR cast stays at one block: in
+    a loop ptxas spills 688-864 bytes against 192-240."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
     if sr:
         return CastConfig(block_m=16, block_k=256, num_warps=2, max_registers=128)
-    return CastConfig(block_m=32, block_k=128, num_warps=1)
+    return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
 
 
 def amax_config(rows: int, cols: int) -> AmaxConfig:

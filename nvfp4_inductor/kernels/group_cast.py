@@ -118,43 +118,26 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
-def _group_cast_kernel(
-    x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
-    row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
-    K, G, rows_total, cap, col_group_stride,
-    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
-    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-):
-    R: tl.constexpr = BM // 16
-    r0 = tl.program_id(0).to(tl.int64) * BM
-    k0 = tl.program_id(1) * BK
+def _columns(k0, K, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The BK columns from k0 and which of them are < K (all, with EVEN_K: K % BK == 0)."""
     ks = k0 + tl.arange(0, BK)
     if EVEN_K:
-        k_ok = tl.full((BK,), 1, tl.int1)
-    else:
-        k_ok = ks < K
-    gi = tl.arange(0, BLOCK_G)
-    if STACKED:  # G groups of rows_total / G rows: no sizes to load, no search
-        g, in_group, rs, poff, size, start = stacked_runs(r0, rows_total, G, R)
-        pad_end = (gi + 1).to(tl.int64) * (rows_total // G)
-    else:  # loaded here, not in a helper (_nvfp4.load_token)
-        sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
-        g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
-    local0 = rs - poff
-    # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
-    first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
-    mine = (gi < G) & first
-    tl.store(pad_off_ptr + 1 + gi, pad_end, mask=mine)
-    tl.store(pad_off_ptr + gi, tl.zeros_like(pad_end), mask=(gi == 0) & first)
-    # ... and the amax outputs, copies of the amaxes it casts with (an op may not return its input)
-    if ROWWISE:
-        tl.store(row_amax_out_ptr + gi, tl.load(row_amax_ptr + gi, mask=mine), mask=mine)
-    if COLUMNWISE:
-        tl.store(col_amax_out_ptr + gi, tl.load(col_amax_ptr + gi, mask=mine), mask=mine)
-    seed = 0
-    if SR:
-        seed = tl.load(seed_ptr)
+        return ks, tl.full((BK,), 1, tl.int1)
+    return ks, ks < K
+
+
+@triton.jit
+def _cast_block(
+    k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
+    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
+    R: tl.constexpr, BK: tl.constexpr,
+):
+    """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
+    whose results address stores: torch's analysis of traced launches counts only the
+    pointers it stores through, see ``_nvfp4.load_token``.)"""
+    ks, k_ok = _columns(k0, K, BK, EVEN_K)
     if ROWWISE and not COLUMNWISE and not BLOCK_2D:
         # Row-wise only: tokens are independent, so each is loaded, cast and stored before
         # the next is read; holding all 16 (below) would cost ~250 registers for nothing.
@@ -340,6 +323,53 @@ def _group_cast_kernel(
         tl.store(col_scale_ptr + idx, code_s.to(tl.uint8), mask=col_ok)
 
 
+@triton.jit
+def _group_cast_kernel(
+    x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
+    row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
+    K, G, rows_total, cap, col_group_stride,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
+    BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
+):
+    R: tl.constexpr = BM // 16
+    r0 = tl.program_id(0).to(tl.int64) * BM
+    gi = tl.arange(0, BLOCK_G)
+    if STACKED:  # G groups of rows_total / G rows: no sizes to load, no search
+        g, in_group, rs, poff, size, start = stacked_runs(r0, rows_total, G, R)
+        pad_end = (gi + 1).to(tl.int64) * (rows_total // G)
+    else:  # loaded here, not in a helper (_nvfp4.load_token)
+        sizes = tl.load(sizes_ptr + gi, mask=gi < G, other=0)
+        g, in_group, rs, poff, size, start, pad_end = group_of_runs(sizes, r0, rows_total, G, R, BLOCK_G)
+    local0 = rs - poff
+    # program (0, 0) also writes the padded offsets p_0 = 0, p_1, ..., p_G
+    first = (gi * 0 + tl.program_id(0) + tl.program_id(1)) == 0  # (BLOCK_G,) bool
+    mine = (gi < G) & first
+    tl.store(pad_off_ptr + 1 + gi, pad_end, mask=mine)
+    tl.store(pad_off_ptr + gi, tl.zeros_like(pad_end), mask=(gi == 0) & first)
+    # ... and the amax outputs, copies of the amaxes it casts with (an op may not return its input)
+    if ROWWISE:
+        tl.store(row_amax_out_ptr + gi, tl.load(row_amax_ptr + gi, mask=mine), mask=mine)
+    if COLUMNWISE:
+        tl.store(col_amax_out_ptr + gi, tl.load(col_amax_ptr + gi, mask=mine), mask=mine)
+    seed = 0
+    if SR:
+        seed = tl.load(seed_ptr)
+    # K_BLOCKS column blocks of BK per program, one after the other: the group search above
+    # and the per-program setup are paid once for all of them. (One block is not a loop of
+    # one: ptxas allocates the loop's body worse, 192 -> 432 bytes of spills in the SR cast.)
+    if K_BLOCKS == 1:
+        _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
+                    col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
+                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, R, BK)
+    else:
+        k_first = tl.program_id(1) * (BK * K_BLOCKS)
+        for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
+            _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
+                        col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, R, BK)
+
+
 @kernel_op("nvfp4_kernels::group_cast")
 def group_cast(
     x: torch.Tensor,
@@ -384,7 +414,7 @@ def group_cast(
     col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity
     cfg = cast_config(rows_total, k, rht=columnwise and rht, sr=stochastic_rounding)
-    grid = (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k), 1))
+    grid = (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1))
     if groups == 0:
         return row_data, row_scale, col_data, col_scale, pad_off.zero_(), row_amax_out, col_amax_out
     launch(
@@ -399,6 +429,6 @@ def group_cast(
         col_group_stride=k * capacity // BLOCK,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
         SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(next_power_of_2(groups), 2),
-        BM=cfg.block_m, BK=cfg.block_k, **cfg.launch_options(),
+        BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
     )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

@@ -1,0 +1,122 @@
+"""Question: how many SM90 instructions does each variant of the cast kernel execute per
+element it casts, and does it spill? A proxy for its speed that needs no GPU: the cast is
+bound by instructions, not bytes (run Q3: under 25% of copy bandwidth), and every kernel
+here is unrolled straight-line code except the loop over column blocks.
+
+Each variant of ``_group_cast_kernel`` is compiled for sm_90a on this machine (Triton's
+front end and the ptxas it ships, a stand-in driver naming an SM90 target; nothing runs)
+with its tile config from ``kernels.config.cast_config`` (``--k-blocks`` overrides the
+column blocks per program). Its SASS is counted from cuobjdump: instructions per element =
+(instructions outside the column-block loop + k_blocks x those inside) / (elements a thread
+casts per program), as if every program walked k_blocks blocks. Registers and spill bytes
+come from cuobjdump's resource usage.
+
+    python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--variants row+col sr ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+os.environ.pop("TRITON_INTERPRET", None)  # the compiler, not the interpreter
+from test_traced_launches import SM90_DRIVER  # noqa: E402
+
+exec(SM90_DRIVER)  # defines SM90 and makes it Triton's active driver
+SM90.get_current_stream = lambda self, device=None: 0  # noqa: F821  (warmup asks; nothing launches)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from nvfp4_inductor.inspection import format_table  # noqa: E402
+from nvfp4_inductor.kernels import _registry, config  # noqa: E402
+from nvfp4_inductor.kernels.group_cast import _group_cast_kernel  # noqa: E402
+
+VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked)
+    "row+col": (True, True, True, False, False, False),  # activations (forward)
+    "row+col sr": (True, True, True, False, True, False),  # gradients
+    "weights 2d": (True, True, False, True, False, True),  # expert weight stacks
+    "row": (True, False, False, False, False, False),  # the recompute's fc2 input
+    "col": (False, True, True, False, False, False),
+}
+HEADERS = ["variant", "groups", "k_blocks", "SASS", "in loop", "per element", "registers", "spill bytes"]
+_BRANCH = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048):
+    """(cubin bytes, config) of one cast variant for sm_90a."""
+    rowwise, columnwise, rht, block_2d, sr, stacked = VARIANTS[variant]
+    cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr)
+    if k_blocks is not None:
+        cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
+    x = torch.empty(4096, k, dtype=torch.bfloat16)
+    u8, f32, i64 = torch.empty(16, dtype=torch.uint8), torch.empty(groups), torch.empty(groups + 1, dtype=torch.int64)
+    compiled = _group_cast_kernel.warmup(
+        x, i64, i64, f32, f32, i64, u8, u8, u8, u8, f32, f32, k, groups, 4096, 4096, 0,
+        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=0xD7E8, BLOCK_2D=block_2d, SR=sr,
+        STACKED=stacked, EVEN_K=True, BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
+        BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, grid=(1,), **cfg.launch_options())
+    return compiled.asm["cubin"], cfg
+
+
+def count(cubin: bytes, cfg) -> dict:
+    """Instructions (all, inside the column-block loop, per element), registers, spill bytes."""
+    path = os.path.join(tempfile.mkdtemp(), "cast.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
+    addresses = []
+    loop = 0
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        addresses.append(addr)
+        branch = _BRANCH.search(m.group(2))
+        if branch and int(branch.group(1), 16) < addr:  # a backward branch closes the loop
+            target = int(branch.group(1), 16)
+            loop = max(loop, sum(1 for a in addresses if target <= a <= addr))
+    per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
+    executed = len(addresses) - loop + cfg.k_blocks * loop
+    return dict(sass=len(addresses), loop=loop, per_element=executed / (cfg.k_blocks * per_thread),
+                registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+                spills=int(re.search(r"STACK:(\d+)", usage).group(1)))
+
+
+def main(argv=None) -> list[list[str]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--groups", type=int, nargs="+", default=[8, 128])
+    ap.add_argument("--k-blocks", type=int, nargs="+", default=None,
+                    help="column blocks per program (default: the heuristic's)")
+    args = ap.parse_args(argv)
+    rows = []
+    for variant in args.variants:
+        for groups in args.groups:
+            for k_blocks in args.k_blocks or [None]:
+                cubin, cfg = compile_cast(variant, groups, k_blocks)
+                c = count(cubin, cfg)
+                rows.append([variant, str(groups), str(cfg.k_blocks), str(c["sass"]), str(c["loop"]),
+                             f"{c['per_element']:.1f}", str(c["registers"]), str(c["spills"])])
+                print(f"[{variant}, G={groups}, k_blocks={cfg.k_blocks}] {c['per_element']:.1f} per element",
+                      flush=True)
+    print(format_table(HEADERS, rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
