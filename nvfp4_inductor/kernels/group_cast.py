@@ -27,11 +27,15 @@ a uint64 pointer the kernel makes from the uint8 output's (a dtype view outside 
 kernel would be two more ops per cast in a compiled step).
 
 Stacked layout (STACKED, used by ``quantize_weights``): the input is a (G*N, K) stack of
-G groups of N rows; the column-wise copy of group g goes to [g, :, :] of (G, K, N/2)
-instead of the shared (K, P/2) matrix.
+G groups of N rows; a run's group is its first row // N (``_nvfp4.stacked_runs``, no
+search); the column-wise copy of group g goes to [g, :, :] of (G, K, N/2) instead of the
+shared (K, P/2) matrix.
 
-Tiles: ``config.cast_config`` (no tile choice changes a bit). EVEN_K drops the column
-masks when BK divides K.
+Tiles: ``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS
+column blocks of BK one after the other (``_cast_block`` each), so the search for its runs'
+groups and its other setup are paid once for all of them; with one block there is no loop
+(ptxas allocates a loop body's registers worse). EVEN_K drops the column masks when BK
+divides K.
 
 Philox counters (numerics.sr_random_bytes): row-wise block = src_row * K/16 + k // 16,
 stream 0; column-wise block = k * cap/16 + padded_row // 16, stream 1.
