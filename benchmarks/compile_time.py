@@ -37,7 +37,6 @@ import torch  # noqa: E402
 import grouped_mlp as gm  # noqa: E402
 import nvfp4_inductor as nv  # noqa: E402
 from nvfp4_inductor.inspection import format_table  # noqa: E402
-from nvfp4_inductor.lowerings import launch_analysis  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 HEADERS = ["implementation", "layers", "first s", "cached s", "s per layer", "analyses (reused)", "warm ms", "host ms"]
@@ -70,8 +69,6 @@ def measure(run, backend, layers, shape, activation, device):
     weights = [(w1, w2)] + [(torch.nn.Parameter(w1.detach().clone()), torch.nn.Parameter(w2.detach().clone()))
                             for _ in range(layers - 1)]
     params = [w for pair in weights for w in pair]
-    torch._dynamo.reset()
-    launch_analysis.forget()
     fn = torch.compile(stack(run, layers), backend=backend, dynamic=False)
 
     def step():

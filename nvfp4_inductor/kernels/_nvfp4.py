@@ -307,6 +307,15 @@ def stacked_runs(r0, rows_total, G, R: tl.constexpr):
 
 
 @triton.jit
+def columns(k0, K, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The BK columns from k0 and which of them are < K (all, with EVEN_K: K % BK == 0)."""
+    ks = k0 + tl.arange(0, BK)
+    if EVEN_K:
+        return ks, tl.full((BK,), 1, tl.int1)
+    return ks, ks < K
+
+
+@triton.jit
 def token_rows(start, local0, size, in_group, j: tl.constexpr):
     """Token j of each run: (source row (R,), row valid (R,))."""
     local = local0 + j

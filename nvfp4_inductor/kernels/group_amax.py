@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvfp4 import fold_run_amax, group_of_runs, rht_round, stacked_runs
+from ._nvfp4 import columns, fold_run_amax, group_of_runs, rht_round, stacked_runs
 from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .config import amax_config
 
@@ -46,11 +46,7 @@ def _group_amax_kernel(
     acc_pre = tl.zeros((R, BK), dtype=tl.float32)
     acc_post = tl.zeros((R, BK), dtype=tl.float32)
     for k0 in range(tl.program_id(1) * BK, K, K_SPLIT * BK):
-        ks = k0 + tl.arange(0, BK)
-        if EVEN_K:
-            k_ok = tl.full((BK,), 1, tl.int1)
-        else:
-            k_ok = ks < K
+        ks, k_ok = columns(k0, K, BK, EVEN_K)
         acc_pre, acc_post = fold_run_amax(x_ptr, start, local0, size, in_group, K, ks, k_ok, SIGN_MASK,
                                           acc_pre, acc_post, PRE, POST)
     if PRE:

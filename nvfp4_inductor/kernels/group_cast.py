@@ -52,6 +52,7 @@ import triton.language as tl
 from ..constants import BLOCK
 from ._nvfp4 import (
     block_scale,
+    columns,
     e2m1_rne,
     e2m1_stochastic,
     global_scales,
@@ -122,15 +123,6 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
-def _columns(k0, K, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """The BK columns from k0 and which of them are < K (all, with EVEN_K: K % BK == 0)."""
-    ks = k0 + tl.arange(0, BK)
-    if EVEN_K:
-        return ks, tl.full((BK,), 1, tl.int1)
-    return ks, ks < K
-
-
-@triton.jit
 def _cast_block(
     k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
@@ -141,7 +133,7 @@ def _cast_block(
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
     pointers it stores through, see ``_nvfp4.load_token``.)"""
-    ks, k_ok = _columns(k0, K, BK, EVEN_K)
+    ks, k_ok = columns(k0, K, BK, EVEN_K)
     if ROWWISE and not COLUMNWISE and not BLOCK_2D:
         # Row-wise only: tokens are independent, so each is loaded, cast and stored before
         # the next is read; holding all 16 (below) would cost ~250 registers for nothing.

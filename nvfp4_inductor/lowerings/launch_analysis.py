@@ -95,7 +95,7 @@ def _memoized(analyse: Callable) -> Callable:
 
 
 def forget() -> None:
-    """Empty the table (a benchmark measuring compile time as a fresh process would)."""
+    """Empty the table (tests that count analyses as a fresh process would)."""
     _analysed.clear()
 
 
