@@ -11,7 +11,7 @@ column blocks per program). Its SASS is counted from cuobjdump: instructions per
 casts per program), as if every program walked k_blocks blocks. Registers and spill bytes
 come from cuobjdump's resource usage.
 
-    python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--variants row+col sr ...]
+    python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--variants row+col "col sr" ...]
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from nvfp4_inductor.kernels.group_cast import _group_cast_kernel  # noqa: E402
 
 VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked)
     "row+col": (True, True, True, False, False, False),  # activations (forward)
-    "row+col sr": (True, True, True, False, True, False),  # gradients
+    "row sr": (True, False, False, False, True, False),  # gradients: an SR row + column cast
+    "col sr": (False, True, True, False, True, False),  # is these two launches (config.cast_launches)
     "weights 2d": (True, True, False, True, False, True),  # expert weight stacks
     "row": (True, False, False, False, False, False),  # the recompute's fc2 input
     "col": (False, True, True, False, False, False),
@@ -58,7 +59,7 @@ def _tool(name: str) -> str:
 def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048):
     """(cubin bytes, config) of one cast variant for sm_90a."""
     rowwise, columnwise, rht, block_2d, sr, stacked = VARIANTS[variant]
-    cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr)
+    cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise)
     if k_blocks is not None:
         cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
     x = torch.empty(4096, k, dtype=torch.bfloat16)
@@ -66,7 +67,8 @@ def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048)
     compiled = _group_cast_kernel.warmup(
         x, i64, i64, f32, f32, i64, u8, u8, u8, u8, f32, f32, k, groups, 4096, 4096, 0,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=0xD7E8, BLOCK_2D=block_2d, SR=sr,
-        STACKED=stacked, EVEN_K=True, BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
+        STACKED=stacked, EVEN_K=True, SHARED_CODES=block_2d and rowwise and columnwise and not sr,  # one amax
+        BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
         BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, grid=(1,), **cfg.launch_options())
     return compiled.asm["cubin"], cfg
 

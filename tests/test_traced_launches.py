@@ -264,7 +264,7 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
         names = dict(zip(placeholders, input_names))
         calls = [n for n in gm.graph.nodes if n.op == "call_function"]
         out = dict(targets=sorted({str(n.target) for n in calls}), kernels=[], cloned_inputs=[], copied_inputs=[],
-                   seeds=[], symbolic_constexprs=[],
+                   seeds=[], symbolic_constexprs=[], shared_codes=0,
                    token_dim=str(placeholders[0].meta["val"].shape[0]))
         for n in calls:
             if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional:
@@ -272,6 +272,7 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                 kernel = getattr(kernel, "fn", kernel)  # (an autotuner's JIT function)
                 out["kernels"].append(kernel.__name__)
                 kwargs = n.kwargs["kwargs"]
+                out["shared_codes"] += kwargs.get("SHARED_CODES") is True
                 # what Inductor copies before the launch: a graph input here is a copy
                 # of the input per step (and, written back, a mutated input)
                 for name in n.kwargs["tensors_to_clone"]:
@@ -378,9 +379,9 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     does on a GPU, static and with a symbolic token count, and checks the graphs: (1) no
     fused or GEMM op left, only torch ops, launches and the seed op; (2) the cast, amax,
     dequantize and GEMM kernels launched; (3) the seeds drawn once in the backward, after dY;
-    (4) no graph input copied for a launch; (5) symbolic T stays symbolic (no guard pins it,
-    no kernel constexpr takes it), with the same launches as the static trace; (6) a
-    data-dependent T keeps the fused ops whole."""
+    (4) no graph input copied for a launch, the weights' casts encode once; (5) symbolic T
+    stays symbolic (no guard pins it, no kernel constexpr takes it), with the same launches
+    as the static trace; (6) a data-dependent T keeps the fused ops whole."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT
     children = {mode: subprocess.Popen([sys.executable, "-c", TRACE, mode, str(tmp_path / f"{mode}.json")],
@@ -422,12 +423,15 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
             assert fw >= quantize | {"_grouped_gemm_act_kernel", "_grouped_gemm_bf16_kernel"}, (mode, config, fw)
             assert bw >= quantize | {"_grouped_gemm_dact_kernel", "_grouped_gemm_wgrad_bf16_kernel",
                                      "_grouped_gemm_bf16_kernel"}, (mode, config, bw)
+            # the weight stacks' casts encode each element once for both copies (group_cast's
+            # SHARED_CODES): their one amax is still one tensor once traced
+            assert (graphs["fw"]["shared_codes"], graphs["bw"]["shared_codes"]) == (2, 0), (mode, config)
             # (3) dY's and dC's seeds: one opaque op in the backward, ordered after dY
             assert graphs["fw"]["seeds"] == [] and graphs["bw"]["seeds"] == [["dy", 2]], (mode, config)
         # our launches per step, as the opaque ops make them (test_kernels_epilogue pins those):
         # the traced graphs hold no more; the host time of a compiled step grows with them
         recompute = result["graphs"]["swiglu recompute=True"]
-        assert (len(recompute["fw"]["kernels"]), len(recompute["bw"]["kernels"])) == (11, 14), mode
+        assert (len(recompute["fw"]["kernels"]), len(recompute["bw"]["kernels"])) == (11, 16), mode
 
     # (5) symbolic T: still a symbol after tracing, in every graph; no guard equates it to
     # a value; no constexpr (a compile-time constant of the kernel) depends on it; and the

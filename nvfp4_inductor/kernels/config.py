@@ -99,30 +99,51 @@ def override(**configs):
 # Heuristics
 
 
-def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False) -> CastConfig:
-    """8 elements per thread per token row (R * BK / (32 * warps)): every 1x16 row block
+def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: bool = True,
+                columnwise: bool = True) -> CastConfig:
+    """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`).
+
+    8 elements per thread per token row (R * BK / (32 * warps)): every 1x16 row block
     spans 2 threads, so the per-block scale chain (two IEEE divisions) is computed by 2
     threads, not 4 -- ~20% fewer instructions than 4 per thread (SASS count, ptxas sm_90a:
     row+col 58 vs 72 per element, row-only 29 vs 42), at ~250 registers and no spills.
-    Tiles from the H200 sweep of run Q3 (65536 x 4096, benchmarks/quantize.py --sweep):
-    RNE 32x128 1 warp 863 us vs 32x256 2 warps 885 us; SR 16x256 2 warps 1708 us vs
-    64x128 4 warps 2617 us (one run of 16 tokens per program: fewer Philox words held).
-    Register caps (run Q6, same shape): SR at 128 registers 1342 us vs 1467 uncapped (16
-    warps per SM instead of 10 outweigh its spills); RNE loses with any cap (200: 933 vs
-    863 us; 128: 1516). A row-wise-only cast holds one token at a time (64 registers).
-    RNE casts take 4 column blocks per program: the group search and the rest of a
-    program's setup are paid once for 4 blocks. sm_90a SASS per element (benchmarks/cast_sass.py
-    with Triton 3.6, the H200's; G = 8 / 128 groups): row + column 60.4 / 67.5 -> 52.9 / 54.7, row only
-    32.0 / 39.8 -> 24.8 / 26.7, column only 34.4 / 36.4 -> 30.7 / 31.3, 2D weight stacks
-    40.9 -> 37.1 (16 bytes of spills), no other spills. The SR cast stays at one block: in
-    a loop ptxas spills 688-864 bytes against 192-240."""
+    RNE row + column: 32x128, 1 warp (H200 sweep of run Q3, 65536 x 4096: 863 us vs 885 for
+    32x256 2 warps; register caps lose, run Q6), 4 column blocks per program: the group
+    search and the rest of a program's setup are paid once for 4 blocks. sm_90a SASS per
+    element (benchmarks/cast_sass.py with Triton 3.6, the H200's; G = 8 / 128 groups): row +
+    column 60.4 / 67.5 -> 52.9 / 54.7, 2D weight stacks 40.9 -> 37.1 (16 bytes of spills).
+    Single-copy casts (run W1, H200; S1 x 16384 x 4096 / S4 x 65536 x 2048 / S4 h 65536 x 768):
+    RNE row-only 16x256 1 warp, 2 blocks: 111 / 238 / 142 us against 32x128's 123 / 267 / 145;
+    RNE column-only 64x128 2 warps, 4 blocks: 127 / 245 / 144 against 143 / 287 / 154;
+    SR row-only 32x128 1 warp: 161 / 462 / 178 against 16x256 2 warps at 128 registers'
+    172 / 593 / 225; SR column-only 32x128 1 warp, 4 blocks: 164 / 317 / 131 against 167 /
+    359 / 147. SR row + column casts are two launches (``cast_launches``)."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
+    if rowwise and columnwise:  # RNE: an SR cast of both copies is two launches (cast_launches)
+        return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
+    if rowwise:
+        if sr:
+            return CastConfig(block_m=32, block_k=128, num_warps=1)
+        return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
     if sr:
-        return CastConfig(block_m=16, block_k=256, num_warps=2, max_registers=128)
-    return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
+        return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
+    return CastConfig(block_m=64, block_k=128, num_warps=2, k_blocks=4)
+
+
+def cast_launches(rowwise: bool, columnwise: bool, sr: bool) -> tuple[tuple[bool, bool], ...]:
+    """The (rowwise, columnwise) copies each launch of a cast writes. A stochastically rounded
+    row + column cast is two launches, a row-only and a column-only one: in one kernel its
+    two Philox streams and 16 token tiles cost 98 SASS instructions per element with 192
+    bytes of spills (128-register cap), apart 48 + 37 (benchmarks/cast_sass.py, sm_90a, 8
+    groups). Run W1 (H200), the two launches against the one: 0.93 (S1 x), 0.84 (S4 x),
+    0.88 (S4 h) of the time. For RNE the one launch is as fast or faster (1.04 / 0.95 /
+    1.35), so it stays one. The interpreter splits too: one path everywhere."""
+    if sr and rowwise and columnwise:
+        return (True, False), (False, True)
+    return ((rowwise, columnwise),)
 
 
 def amax_config(rows: int, cols: int) -> AmaxConfig:

@@ -31,11 +31,12 @@ G groups of N rows; a run's group is its first row // N (``_nvfp4.stacked_runs``
 search); the column-wise copy of group g goes to [g, :, :] of (G, K, N/2) instead of the
 shared (K, P/2) matrix.
 
-Tiles: ``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS
-column blocks of BK one after the other (``_cast_block`` each), so the search for its runs'
-groups and its other setup are paid once for all of them; with one block there is no loop
-(ptxas allocates a loop body's registers worse). EVEN_K drops the column masks when BK
-divides K.
+Launches and tiles: ``config.cast_launches`` (an SR row + column cast is a row-wise launch
+and a column-wise one) and ``config.cast_config`` (no tile choice changes a bit). A program
+casts K_BLOCKS column blocks of BK one after the other (``_cast_block`` each), so the search
+for its runs' groups and its other setup are paid once for all of them; with one block
+there is no loop (ptxas allocates a loop body's registers worse). EVEN_K drops the column
+masks when BK divides K.
 
 Philox counters (numerics.sr_random_bytes): row-wise block = src_row * K/16 + k // 16,
 stream 0; column-wise block = k * cap/16 + padded_row // 16, stream 1.
@@ -66,7 +67,7 @@ from ._nvfp4 import (
     token_rows,
 )
 from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
-from .config import cast_config
+from .config import cast_config, cast_launches
 
 
 @triton.jit
@@ -87,7 +88,15 @@ def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row
         codes = e2m1_stochastic(v, random_bytes_along_last(w0, w1, w2, w3))
     else:
         codes = e2m1_rne(v)
+    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, R, BK)
+
+
+@triton.jit
+def _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr,
+                     EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Store R rows of E2M1 codes (R, BK/16, 16) and their E4M3 scale codes (R, BK/16)."""
     lo, hi = tl.split(tl.reshape(codes, (R, BK // 2, 2)))
+    kb = k0 // 16 + tl.arange(0, BK // 16)
     kh = k0 // 2 + tl.arange(0, BK // 2)
     if EVEN_K:  # no column masks: K % BK == 0
         data_ok = ok[:, None] & tl.full((1, BK // 2), 1, tl.int1)
@@ -97,6 +106,18 @@ def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row
         scale_ok = ok[:, None] & (kb < K // 16)[None, :]
     tl.store(row_data_ptr + src[:, None] * (K // 2) + kh[None, :], (lo | (hi << 4)).to(tl.uint8), mask=data_ok)
     tl.store(row_scale_ptr + src[:, None] * (K // 16) + kb[None, :], code_s.to(tl.uint8), mask=scale_ok)
+
+
+@triton.jit
+def _store_rowwise_2d(x, code_s, enc, word, src, ok, k0, K, row_data_ptr, row_scale_ptr, j: tl.constexpr,
+                      EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Token j of 2D-scaled runs (RNE, the row and column copies' amax one tensor): store its
+    row-wise codes and return the column-wise words (R, BK) with its codes at bits 4j.
+    Each 16x16 tile has one scale for both copies, so the column-wise code of an element
+    is its row-wise code: encoded once, not twice."""
+    codes = e2m1_rne(tl.reshape(x, (R, BK // 16, 16)) * enc[:, :, None])
+    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, R, BK)
+    return word | (tl.reshape(codes, (R, BK)).to(tl.uint64) << (4 * j))
 
 
 @triton.jit
@@ -128,7 +149,7 @@ def _cast_block(
     K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    R: tl.constexpr, BK: tl.constexpr,
+    SHARED_CODES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
@@ -216,7 +237,26 @@ def _cast_block(
         tile = tl.maximum(tile, bam15)
     if ROWWISE:
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
-        if BLOCK_2D:
+        if SHARED_CODES:  # one scale per tile for both copies: the column-wise words collect the row-wise codes
+            code_s, enc = block_scale(tile, row_senc[:, None], row_sdec[:, None])
+            word = tl.zeros((R, BK), dtype=tl.uint64)
+            word = _store_rowwise_2d(x0, code_s, enc, word, src0, ok0, k0, K, row_data_ptr, row_scale_ptr, 0, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x1, code_s, enc, word, src1, ok1, k0, K, row_data_ptr, row_scale_ptr, 1, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x2, code_s, enc, word, src2, ok2, k0, K, row_data_ptr, row_scale_ptr, 2, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x3, code_s, enc, word, src3, ok3, k0, K, row_data_ptr, row_scale_ptr, 3, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x4, code_s, enc, word, src4, ok4, k0, K, row_data_ptr, row_scale_ptr, 4, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x5, code_s, enc, word, src5, ok5, k0, K, row_data_ptr, row_scale_ptr, 5, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x6, code_s, enc, word, src6, ok6, k0, K, row_data_ptr, row_scale_ptr, 6, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x7, code_s, enc, word, src7, ok7, k0, K, row_data_ptr, row_scale_ptr, 7, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x8, code_s, enc, word, src8, ok8, k0, K, row_data_ptr, row_scale_ptr, 8, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x9, code_s, enc, word, src9, ok9, k0, K, row_data_ptr, row_scale_ptr, 9, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x10, code_s, enc, word, src10, ok10, k0, K, row_data_ptr, row_scale_ptr, 10, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x11, code_s, enc, word, src11, ok11, k0, K, row_data_ptr, row_scale_ptr, 11, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x12, code_s, enc, word, src12, ok12, k0, K, row_data_ptr, row_scale_ptr, 12, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x13, code_s, enc, word, src13, ok13, k0, K, row_data_ptr, row_scale_ptr, 13, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x14, code_s, enc, word, src14, ok14, k0, K, row_data_ptr, row_scale_ptr, 14, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x15, code_s, enc, word, src15, ok15, k0, K, row_data_ptr, row_scale_ptr, 15, EVEN_K, R, BK)
+        elif BLOCK_2D:
             _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
             _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
             _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
@@ -252,29 +292,6 @@ def _cast_block(
             _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
 
     if COLUMNWISE:
-        if RHT:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
-        if BLOCK_2D:  # the 16x16 tile amax, repeated on the 16 columns of each tile
-            cam = tl.reshape(tl.broadcast_to(tile[:, :, None], (R, BK // 16, 16)), (R, BK))
-        else:
-            cam = tl.abs(x0)
-            cam = tl.maximum(cam, tl.abs(x1))
-            cam = tl.maximum(cam, tl.abs(x2))
-            cam = tl.maximum(cam, tl.abs(x3))
-            cam = tl.maximum(cam, tl.abs(x4))
-            cam = tl.maximum(cam, tl.abs(x5))
-            cam = tl.maximum(cam, tl.abs(x6))
-            cam = tl.maximum(cam, tl.abs(x7))
-            cam = tl.maximum(cam, tl.abs(x8))
-            cam = tl.maximum(cam, tl.abs(x9))
-            cam = tl.maximum(cam, tl.abs(x10))
-            cam = tl.maximum(cam, tl.abs(x11))
-            cam = tl.maximum(cam, tl.abs(x12))
-            cam = tl.maximum(cam, tl.abs(x13))
-            cam = tl.maximum(cam, tl.abs(x14))
-            cam = tl.maximum(cam, tl.abs(x15))
-        col_senc, col_sdec = global_scales(tl.load(col_amax_ptr + g, mask=in_group, other=0.0))
-        code_s, enc = block_scale(cam, col_senc[:, None], col_sdec[:, None])
         if STACKED:  # group g's own (K, N) matrix
             col_row = local0
             base = g.to(tl.int64) * col_group_stride
@@ -283,40 +300,66 @@ def _cast_block(
             base = tl.zeros_like(rs)
         # one uint64 word (8 bytes, 16 tokens) and one scale byte per (run, column)
         idx = base[:, None] + ks[None, :] * (cap // 16) + (col_row // 16)[:, None]
-        w0 = idx
-        w1 = idx
-        w2 = idx
-        w3 = idx
-        if SR:
-            w0, w1, w2, w3 = philox_words(seed, ks[None, :] * (cap // 16) + (col_row // 16)[:, None], 1)
-            w0, w1, w2, w3 = _in_layout_of(x0, w0), _in_layout_of(x0, w1), _in_layout_of(x0, w2), _in_layout_of(x0, w3)
-        c0 = _col_code(x0, enc, w0, w1, w2, w3, 0, SR)
-        c1 = _col_code(x1, enc, w0, w1, w2, w3, 1, SR)
-        c2 = _col_code(x2, enc, w0, w1, w2, w3, 2, SR)
-        c3 = _col_code(x3, enc, w0, w1, w2, w3, 3, SR)
-        c4 = _col_code(x4, enc, w0, w1, w2, w3, 4, SR)
-        c5 = _col_code(x5, enc, w0, w1, w2, w3, 5, SR)
-        c6 = _col_code(x6, enc, w0, w1, w2, w3, 6, SR)
-        c7 = _col_code(x7, enc, w0, w1, w2, w3, 7, SR)
-        c8 = _col_code(x8, enc, w0, w1, w2, w3, 8, SR)
-        c9 = _col_code(x9, enc, w0, w1, w2, w3, 9, SR)
-        c10 = _col_code(x10, enc, w0, w1, w2, w3, 10, SR)
-        c11 = _col_code(x11, enc, w0, w1, w2, w3, 11, SR)
-        c12 = _col_code(x12, enc, w0, w1, w2, w3, 12, SR)
-        c13 = _col_code(x13, enc, w0, w1, w2, w3, 13, SR)
-        c14 = _col_code(x14, enc, w0, w1, w2, w3, 14, SR)
-        c15 = _col_code(x15, enc, w0, w1, w2, w3, 15, SR)
-        word = (c0 | (c1 << 4)).to(tl.uint64)
-        word = word | ((c2 | (c3 << 4)).to(tl.uint64) << 8)
-        word = word | ((c4 | (c5 << 4)).to(tl.uint64) << 16)
-        word = word | ((c6 | (c7 << 4)).to(tl.uint64) << 24)
-        word = word | ((c8 | (c9 << 4)).to(tl.uint64) << 32)
-        word = word | ((c10 | (c11 << 4)).to(tl.uint64) << 40)
-        word = word | ((c12 | (c13 << 4)).to(tl.uint64) << 48)
-        word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
+        if SHARED_CODES:  # the words were filled with the row-wise codes above
+            col_code_s = tl.reshape(tl.broadcast_to(code_s[:, :, None], (R, BK // 16, 16)), (R, BK))
+        else:
+            if RHT:
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, SIGN_MASK)
+            if BLOCK_2D:  # the 16x16 tile amax, repeated on the 16 columns of each tile
+                cam = tl.reshape(tl.broadcast_to(tile[:, :, None], (R, BK // 16, 16)), (R, BK))
+            else:
+                cam = tl.abs(x0)
+                cam = tl.maximum(cam, tl.abs(x1))
+                cam = tl.maximum(cam, tl.abs(x2))
+                cam = tl.maximum(cam, tl.abs(x3))
+                cam = tl.maximum(cam, tl.abs(x4))
+                cam = tl.maximum(cam, tl.abs(x5))
+                cam = tl.maximum(cam, tl.abs(x6))
+                cam = tl.maximum(cam, tl.abs(x7))
+                cam = tl.maximum(cam, tl.abs(x8))
+                cam = tl.maximum(cam, tl.abs(x9))
+                cam = tl.maximum(cam, tl.abs(x10))
+                cam = tl.maximum(cam, tl.abs(x11))
+                cam = tl.maximum(cam, tl.abs(x12))
+                cam = tl.maximum(cam, tl.abs(x13))
+                cam = tl.maximum(cam, tl.abs(x14))
+                cam = tl.maximum(cam, tl.abs(x15))
+            col_senc, col_sdec = global_scales(tl.load(col_amax_ptr + g, mask=in_group, other=0.0))
+            col_code_s, enc = block_scale(cam, col_senc[:, None], col_sdec[:, None])
+            w0 = idx
+            w1 = idx
+            w2 = idx
+            w3 = idx
+            if SR:
+                w0, w1, w2, w3 = philox_words(seed, ks[None, :] * (cap // 16) + (col_row // 16)[:, None], 1)
+                w0, w1, w2, w3 = _in_layout_of(x0, w0), _in_layout_of(x0, w1), _in_layout_of(x0, w2), _in_layout_of(x0, w3)
+            c0 = _col_code(x0, enc, w0, w1, w2, w3, 0, SR)
+            c1 = _col_code(x1, enc, w0, w1, w2, w3, 1, SR)
+            c2 = _col_code(x2, enc, w0, w1, w2, w3, 2, SR)
+            c3 = _col_code(x3, enc, w0, w1, w2, w3, 3, SR)
+            c4 = _col_code(x4, enc, w0, w1, w2, w3, 4, SR)
+            c5 = _col_code(x5, enc, w0, w1, w2, w3, 5, SR)
+            c6 = _col_code(x6, enc, w0, w1, w2, w3, 6, SR)
+            c7 = _col_code(x7, enc, w0, w1, w2, w3, 7, SR)
+            c8 = _col_code(x8, enc, w0, w1, w2, w3, 8, SR)
+            c9 = _col_code(x9, enc, w0, w1, w2, w3, 9, SR)
+            c10 = _col_code(x10, enc, w0, w1, w2, w3, 10, SR)
+            c11 = _col_code(x11, enc, w0, w1, w2, w3, 11, SR)
+            c12 = _col_code(x12, enc, w0, w1, w2, w3, 12, SR)
+            c13 = _col_code(x13, enc, w0, w1, w2, w3, 13, SR)
+            c14 = _col_code(x14, enc, w0, w1, w2, w3, 14, SR)
+            c15 = _col_code(x15, enc, w0, w1, w2, w3, 15, SR)
+            word = (c0 | (c1 << 4)).to(tl.uint64)
+            word = word | ((c2 | (c3 << 4)).to(tl.uint64) << 8)
+            word = word | ((c4 | (c5 << 4)).to(tl.uint64) << 16)
+            word = word | ((c6 | (c7 << 4)).to(tl.uint64) << 24)
+            word = word | ((c8 | (c9 << 4)).to(tl.uint64) << 32)
+            word = word | ((c10 | (c11 << 4)).to(tl.uint64) << 40)
+            word = word | ((c12 | (c13 << 4)).to(tl.uint64) << 48)
+            word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
         col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
         tl.store(col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx, word, mask=col_ok)
-        tl.store(col_scale_ptr + idx, code_s.to(tl.uint8), mask=col_ok)
+        tl.store(col_scale_ptr + idx, col_code_s.to(tl.uint8), mask=col_ok)
 
 
 @triton.jit
@@ -326,7 +369,7 @@ def _group_cast_kernel(
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
+    SHARED_CODES: tl.constexpr, BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -357,13 +400,13 @@ def _group_cast_kernel(
     if K_BLOCKS == 1:
         _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                     col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, R, BK)
+                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, R, BK)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
             _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, R, BK)
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, R, BK)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -409,22 +452,27 @@ def group_cast(
     row_amax_out = x.new_empty(groups if rowwise else 0, dtype=torch.float32)
     col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity
-    cfg = cast_config(rows_total, k, rht=columnwise and rht, sr=stochastic_rounding)
-    grid = (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1))
     if groups == 0:
         return row_data, row_scale, col_data, col_scale, pad_off.zero_(), row_amax_out, col_amax_out
-    launch(
-        _group_cast_kernel, grid,
-        x_ptr=x, sizes_ptr=x if stacked else group_sizes.contiguous(), pad_off_ptr=pad_off,
-        row_amax_ptr=row_amax if rowwise else x, col_amax_ptr=col_amax if columnwise else x,
-        seed_ptr=seed if stochastic_rounding else x,
-        row_data_ptr=row_data if rowwise else x, row_scale_ptr=row_scale if rowwise else x,
-        col_data_ptr=col_data if columnwise else x, col_scale_ptr=col_scale if columnwise else x,
-        row_amax_out_ptr=row_amax_out if rowwise else x, col_amax_out_ptr=col_amax_out if columnwise else x,
-        K=k, G=groups, rows_total=rows_total, cap=capacity,
-        col_group_stride=k * capacity // BLOCK,
-        ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
-        SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0, BLOCK_G=max(next_power_of_2(groups), 2),
-        BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
-    )
+    sizes = x if stacked else group_sizes.contiguous()
+    # 2D, RNE, both copies from one amax tensor: each element's two codes are the same
+    shared_codes = block_2d and not stochastic_rounding and not rht and row_amax is col_amax
+    for row, col in cast_launches(rowwise, columnwise, stochastic_rounding):  # each writes pad_off
+        cfg = cast_config(rows_total, k, rht=col and rht, sr=stochastic_rounding, rowwise=row, columnwise=col)
+        launch(
+            _group_cast_kernel,
+            (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
+            x_ptr=x, sizes_ptr=sizes, pad_off_ptr=pad_off,
+            row_amax_ptr=row_amax if row else x, col_amax_ptr=col_amax if col else x,
+            seed_ptr=seed if stochastic_rounding else x,
+            row_data_ptr=row_data if row else x, row_scale_ptr=row_scale if row else x,
+            col_data_ptr=col_data if col else x, col_scale_ptr=col_scale if col else x,
+            row_amax_out_ptr=row_amax_out if row else x, col_amax_out_ptr=col_amax_out if col else x,
+            K=k, G=groups, rows_total=rows_total, cap=capacity,
+            col_group_stride=k * capacity // BLOCK,
+            ROWWISE=row, COLUMNWISE=col, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
+            SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
+            SHARED_CODES=shared_codes and row and col, BLOCK_G=max(next_power_of_2(groups), 2),
+            BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
+        )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out
