@@ -277,7 +277,8 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     kernels, as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
     forward amax x, W1, W2; casts x, W1, W2 (row + column), D (row only); dequantize x + W1,
     D + W2 row-wise (one launch a GEMM). Backward amax dY, dC; casts dY, dC (row + column,
-    SR), the regenerated D (column only, the forward's amax); dequantize dY + D, dC + x
+    SR: a row-wise and a column-wise launch, each reading the source, kernels/config.py's
+    cast_launches), the regenerated D (column only, the forward's amax); dequantize dY + D, dC + x
     column-wise and dY + W2, dC + W1 for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py
     checks this sum against the tensors those launches read and write.
 
@@ -293,9 +294,9 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
         return n * (NVFP4_BYTES + 2)
 
     total = 0.0
-    for k in (hidden, hidden, f1):  # x, dY, dC: amax, row + column cast, both copies dequantized
+    for k, launches in ((hidden, 1), (hidden, 2), (f1, 2)):  # x, dY, dC: amax, row + column cast, both dequantized
         row, col = tokens * k, padded * k
-        total += 2 * row + 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
+        total += 2 * row + launches * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
     for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast, both dequantized
         total += 2 * n + 2 * n + 2 * NVFP4_BYTES * n + 2 * dequant(n)
     row, col = tokens * ffn, padded * ffn  # D: row-only cast (forward), column-only cast (backward)
