@@ -10,9 +10,10 @@ Token j of every run is one (R, BK) register tile (x0 .. x15), so the RHT along 
 is plain elementwise fp32 math on 16 tiles (``_nvfp4.rht16``), in the pinned order.
 Each run belongs to one group (or to the unused tail past p_G, written as zeros), found
 inside the kernel from prefix sums of the group sizes (``_nvfp4.group_of_runs``): no host
-sync, one launch for all groups; program (0, 0) also writes the padded offsets p_0..p_G
-and the amax outputs: copies of the amaxes the cast uses (an op's outputs may alias no
-input; copied here, a supplied amax costs no copy launch of its own).
+sync, one launch for all groups (two for an SR row + column cast, below); program (0, 0) of
+each launch also writes the padded offsets p_0..p_G and the amax outputs: copies of the
+amaxes the cast uses (an op's outputs may alias no input; copied here, a supplied amax
+costs no copy launch of its own).
 
     padded rows  | r0 ............................. r0+BM |
     runs         | run 0 (16 rows) | run 1 | ... | run R-1 |
