@@ -32,6 +32,11 @@ G groups of N rows; a run's group is its first row // N (``_nvfp4.stacked_runs``
 search); the column-wise copy of group g goes to [g, :, :] of (G, K, N/2) instead of the
 shared (K, P/2) matrix.
 
+Shared codes (SHARED_CODES: 2D blocks, RNE, both copies from one amax tensor -- every weight
+stack): a 16x16 tile has one scale for both copies, so an element's column-wise code is its
+row-wise code; the column-wise words collect the row-wise codes instead of encoding again
+(sm_90a SASS per element 37.1 -> 23.6, benchmarks/cast_sass.py).
+
 Launches and tiles: ``config.cast_launches`` (an SR row + column cast is a row-wise launch
 and a column-wise one) and ``config.cast_config`` (no tile choice changes a bit). A program
 casts K_BLOCKS column blocks of BK one after the other (``_cast_block`` each), so the search
