@@ -435,13 +435,15 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
 
     # (5) symbolic T: still a symbol after tracing, in every graph; no guard equates it to
     # a value; no constexpr (a compile-time constant of the kernel) depends on it; and the
-    # same launches, in the same order, as with static shapes. (The guards T does get, at
-    # T=128: kernels/config.amax_config's split, programs >= 1024, a range guard, so one
-    # dynamic graph serves T on one side of ~65.4k tokens at G=4; at T >= 65413 also
-    # _seed_tensor's 2**32 check on the SR blocks.)
+    # same launches, in the same order, as with static shapes. (The one guard T gets is
+    # _seed_tensor's range check, SR blocks < 2**32, a real limit. The tile heuristics read
+    # the traced example's size, kernels/_registry.size_hint, and guard nothing: before,
+    # amax_config's split put a range guard at ~65.4k tokens, a recompile for a dynamic T
+    # crossing it.)
     symbolic = results["symbolic"]
     assert all(symbolic["token_symbolic"]), symbolic["guards"]
     assert not [g for g in symbolic["guards"] if g[1].startswith("Eq(")], symbolic["guards"]
+    assert not [g for g in symbolic["guards"] if "kernels/config.py" in g[2]], symbolic["guards"]
     for config, graphs in symbolic["graphs"].items():
         for name, graph in graphs.items():
             assert not graph["token_dim"].isdigit(), (config, name, graph["token_dim"])
