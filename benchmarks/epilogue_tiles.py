@@ -8,7 +8,9 @@ ready bf16 deq() operands (random, non-zero; do_bench medians), one process:
   act     ``_grouped_gemm_act_op``  (C, D, pre/post-RHT amax)
   dact    ``_grouped_gemm_dact_op`` (dC, dprob, regenerated D)
 for each tile config in CONFIGS. Columns: ms and the ratio to `plain` at the default
-config. A config that fails to compile (shared memory) is reported, not hidden.
+config; "no amax" / "no D" time the same kernels without D's amaxes (the post-RHT
+read-back) / without regenerating D, so the epilogue's parts can be told apart. A config
+that fails to compile (shared memory) is reported, not hidden.
 
     python benchmarks/epilogue_tiles.py [--shapes S1 S3] [--activations srelu swiglu]
 """
@@ -76,8 +78,12 @@ def main() -> None:
                     for kind, fn, plain in (
                         ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp,
                                                              0xD7E8, True), plain_act),
+                        ("act no amax", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code,
+                                                                     clamp, 0xD7E8, False), plain_act),
                         ("dact", lambda: _grouped_gemm_dact_op(dy, amax, w2t, amax, sizes, c, probs, code,
                                                                clamp, True), plain_dact),
+                        ("dact no D", lambda: _grouped_gemm_dact_op(dy, amax, w2t, amax, sizes, c, probs, code,
+                                                                    clamp, False), plain_dact),
                     ):
                         try:
                             t = ms(fn)
@@ -86,8 +92,8 @@ def main() -> None:
                             row += [f"failed: {type(error).__name__}"[:40], "-"]
                 rows.append(row + [f"{plain_act:.3f}", f"{plain_dact:.3f}"])
                 print(" | ".join(rows[-1]), flush=True)
-    print(format_table(["shape", "act", "config", "act ms", "act/plain", "dact ms", "dact/plain",
-                        "plain fc1 ms", "plain fc2-dgrad ms"], rows))
+    print(format_table(["shape", "act", "config", "act ms", "act/plain", "no amax ms", "/plain", "dact ms",
+                        "dact/plain", "no D ms", "/plain", "plain fc1 ms", "plain fc2-dgrad ms"], rows))
 
 
 if __name__ == "__main__":
