@@ -2,7 +2,9 @@
 runs once per device call on the H200 and must not fail there on something a CPU can catch:
 its main at the tiny shape (compiler="aot_eager") gives every row with finite numbers; the
 floor's byte model equals the bytes the Triton lowering's casts, amax passes and
-dequantizations read and write; the py-spy output parser; the option checks."""
+dequantizations read and write; the py-spy output parser; the option checks; and CPU runs
+of the other H200 benchmarks whose failure would waste device time (compile_time.py,
+cast_sass.py, cast_tiles.py)."""
 
 import collections
 import importlib
@@ -157,3 +159,16 @@ def test_cast_sass_counts_the_column_block_loop(tmp_path):
     assert (one["k_blocks"], one["loop"]) == ("1", "0")
     assert four["k_blocks"] == "4" and int(four["loop"]) > int(four["sass"]) // 2
     assert float(four["per_element"]) < float(one["per_element"])
+
+
+def test_cast_tiles_dry_run_finds_every_launch_bit_equal():
+    """benchmarks/cast_tiles.py (which launches and tiles each cast should use) on the CPU:
+    every row-only and column-only launch, at the heuristic's tiles and a candidate, gives
+    the bits of the cast writing both copies (one launch for RNE, two for SR), and so does
+    a weight stack's row copy."""
+    import cast_tiles
+
+    rows = cast_tiles.main(["--device", "cpu"])
+    bits = [r[5] for r in rows]
+    assert "DIFFER" not in bits
+    assert bits.count("equal") == 2 * 2 * 2 + 1, rows  # {RNE, SR} x {row, col} x 2 tiles, + the stack
