@@ -1,8 +1,9 @@
 """Question: how should each NVFP4 cast launch -- one kernel for both copies or one per
 copy (``kernels/config.cast_launches``), and at which tiles (``config.cast_config``)?
 
-Cases (tokens, K, groups; uneven routing with empty experts): S1 x (16384, 4096, 8), S4 x
-(65536, 2048, 128), S4 h (65536, 768, 128); RNE and SR (the gradients' casts). For each:
+Cases, at the shapes and routing of benchmarks/grouped_mlp.py: S1 x (16384 tokens x 4096,
+8 experts), S4 x (65536 x 2048, 128 uneven), S4 h (65536 x 768, the fc2 input); RNE and SR
+(the gradients' casts). For each:
   both      ``group_cast`` writing the row-wise and the column-wise (RHT) copy, heuristic tiles
   row, col  ``group_cast`` writing one copy, at the heuristic's tiles and at each of TILES
   split     the fastest row-only + the fastest column-only time, and its ratio to "both"
@@ -10,8 +11,9 @@ Weight stacks (S1 W1 8 x 2048 x 4096, S4 W1 128 x 768 x 2048; 2D blocks, RNE): b
 (the codes encoded once, ``group_cast``'s SHARED_CODES) against the row-wise copy alone.
 Every launch's bits are checked against the heuristic's: no tile or split may change one.
 Times are triton.testing.do_bench medians (us). Run W1 of benchmarks/NOTES.md chose the
-current heuristics from this table; the SR row-only candidates of 16 elements per thread
-(16x512, 16x1024) come from sm_90a SASS counts (benchmarks/cast_sass.py).
+current heuristics from these cases (with a routing of its own); the SR row-only
+candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS counts
+(benchmarks/cast_sass.py).
 
     python benchmarks/cast_tiles.py [--device cuda|cpu]
 
@@ -29,6 +31,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from grouped_mlp import SHAPES, routing  # noqa: E402
 
 from nvfp4_inductor import numerics  # noqa: E402
 from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
@@ -38,9 +43,10 @@ from nvfp4_inductor.kernels.config import CastConfig  # noqa: E402
 from nvfp4_inductor.kernels.group_amax import group_amax  # noqa: E402
 from nvfp4_inductor.kernels.group_cast import group_cast  # noqa: E402
 
-CASES = {"cuda": [("S1 x", 16384, 4096, 8), ("S4 x", 65536, 2048, 128), ("S4 h", 65536, 768, 128)],
-         "cpu": [("tiny", 256, 128, 8)]}
-STACKS = {"cuda": [("S1 W1", 8, 2048, 4096), ("S4 W1", 128, 768, 2048)], "cpu": [("tiny W", 4, 32, 64)]}
+# (name, grouped_mlp shape, which of its widths is K): activations; weight stacks (G, F, H)
+CASES = {"cuda": [("S1 x", "S1", "hidden"), ("S4 x", "S4", "hidden"), ("S4 h", "S4", "ffn")],
+         "cpu": [("tiny x", "tiny", "hidden")]}
+STACKS = {"cuda": [("S1 W1", "S1"), ("S4 W1", "S4")], "cpu": [("tiny W1", "tiny")]}
 TILES = {  # single-copy candidates beside the heuristic's
     False: [CastConfig(32, 128, 1, k_blocks=4), CastConfig(16, 256, 1, k_blocks=2), CastConfig(16, 512, 1, k_blocks=2),
             CastConfig(64, 128, 2, k_blocks=4)],
@@ -48,16 +54,6 @@ TILES = {  # single-copy candidates beside the heuristic's
            CastConfig(16, 512, 1, k_blocks=2), CastConfig(16, 1024, 1)],
 }
 HEADERS = ["case", "rounding", "launch", "tiles", "us", "bits"]
-
-
-def routing(tokens: int, groups: int, device) -> torch.Tensor:
-    """Uneven group sizes summing to tokens, every 7th group empty."""
-    gen = torch.Generator().manual_seed(0)
-    weights = torch.rand(groups, generator=gen) ** 2
-    weights[::7] = 0
-    sizes = (weights / weights.sum() * tokens).floor().long()
-    sizes[0] += tokens - sizes.sum()
-    return sizes.to(device)
 
 
 def tiles_name(cfg) -> str:
@@ -88,10 +84,12 @@ def main(argv=None) -> list[list[str]]:
         rows.append([str(c) if not isinstance(c, float) else f"{c:.1f}" for c in cells])
         print(" | ".join(rows[-1]), flush=True)
 
-    for name, tokens, k, groups in CASES[device]:
+    for name, shape, width in CASES[device]:
+        groups, tokens, hidden, ffn, uneven = SHAPES[shape]
+        k = hidden if width == "hidden" else ffn
         torch.manual_seed(0)
         x = (torch.randn(tokens, k, device=device) * torch.randn(tokens, 1, device=device).exp()).to(torch.bfloat16)
-        sizes = routing(tokens, groups, device)
+        sizes = routing(groups, tokens, uneven, device)
         cap = numerics.columnwise_capacity(tokens, groups)
         pre, post = api.group_hadamard_amax(x, sizes)
         for sr in (False, True):
@@ -116,7 +114,8 @@ def main(argv=None) -> list[list[str]]:
             row(name, rounding, f"split / both {split / t_both:.3f}" if t_both == t_both else "split",
                 "fastest row + col", split, "-")
         del x
-    for name, g, n, k in STACKS[device]:
+    for name, shape in STACKS[device]:
+        g, _, k, n, _ = SHAPES[shape]  # W1 (G, F, H) of srelu: N = F rows per expert, K = H
         w = torch.randn(g * n, k, device=device).to(torch.bfloat16)
         amax, _ = group_amax(w, None, True, False, 0, n, True)
 
