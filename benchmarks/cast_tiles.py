@@ -15,7 +15,7 @@ current heuristics from these cases (with a routing of its own); the SR row-only
 candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS counts
 (benchmarks/cast_sass.py).
 
-    python benchmarks/cast_tiles.py [--device cuda|cpu]
+    python benchmarks/cast_tiles.py [--device cuda|cpu] [--cases "S4 x" "S4 W1" ...] [--roundings SR]
 
 ``--device cpu`` is a dry run under the Triton interpreter at a tiny shape (every kind of
 launch and its bit check, one candidate tile each, no timing):
@@ -66,8 +66,15 @@ def tiles_name(cfg) -> str:
 def main(argv=None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--cases", nargs="+", help="case names (default: all of the device's)")
+    parser.add_argument("--roundings", nargs="+", default=["RNE", "SR"], choices=["RNE", "SR"],
+                        help="the activation cases' roundings")
     args = parser.parse_args(argv)
     device = args.device
+    known = [c[0] for c in CASES[device]] + [s[0] for s in STACKS[device]]
+    if args.cases and set(args.cases) - set(known):
+        parser.error(f"--cases: unknown {sorted(set(args.cases) - set(known))}; known: {known}")
+    chosen = set(args.cases or known)
 
     def us(fn) -> float:
         if device == "cpu":  # the interpreter: run once, no timing
@@ -84,7 +91,7 @@ def main(argv=None) -> list[list[str]]:
         rows.append([str(c) if not isinstance(c, float) else f"{c:.1f}" for c in cells])
         print(" | ".join(rows[-1]), flush=True)
 
-    for name, shape, width in CASES[device]:
+    for name, shape, width in (c for c in CASES[device] if c[0] in chosen):
         groups, tokens, hidden, ffn, uneven = SHAPES[shape]
         k = hidden if width == "hidden" else ffn
         torch.manual_seed(0)
@@ -92,7 +99,7 @@ def main(argv=None) -> list[list[str]]:
         sizes = routing(groups, tokens, uneven, device)
         cap = numerics.columnwise_capacity(tokens, groups)
         pre, post = api.group_hadamard_amax(x, sizes)
-        for sr in (False, True):
+        for sr in (rounding == "SR" for rounding in args.roundings):
             def cast(rowwise, columnwise):
                 return group_cast(x, sizes, pre, post, seed, rowwise, columnwise, True, RHT_DEFAULT_SIGN_MASK,
                                   False, sr, cap, False)
@@ -114,7 +121,7 @@ def main(argv=None) -> list[list[str]]:
             row(name, rounding, f"split / both {split / t_both:.3f}" if t_both == t_both else "split",
                 "fastest row + col", split, "-")
         del x
-    for name, shape in STACKS[device]:
+    for name, shape in (s for s in STACKS[device] if s[0] in chosen):
         g, _, k, n, _ = SHAPES[shape]  # W1 (G, F, H) of srelu: N = F rows per expert, K = H
         w = torch.randn(g * n, k, device=device).to(torch.bfloat16)
         amax, _ = group_amax(w, None, True, False, 0, n, True)

@@ -273,9 +273,10 @@ NVFP4_BYTES = 0.5 + 1 / 16  # per element of an NVFP4 copy: E2M1 code + one E4M3
 
 def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     """Bytes read + written by every cast, amax pass and dequantization of one compiled NVFP4
-    training step: recompute on, the Triton target with its fused fc1 (+ amax) and fc2-dgrad
-    kernels, as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
-    forward amax x, W1, W2; casts x, W1, W2 (row + column), D (row only); dequantize x + W1,
+    training step: recompute on, the Triton target with its fused fc1 and fc2-dgrad kernels,
+    as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
+    forward amax x, W1, W2, D (pre + post RHT, one pass: the fc1 kernel gives no amax); casts
+    x, W1, W2 (row + column), D (row only); dequantize x + W1,
     D + W2 row-wise (one launch a GEMM). Backward amax dY, dC; casts dY, dC (row + column,
     SR: a row-wise and a column-wise launch, each reading the source, kernels/config.py's
     cast_launches), the regenerated D (column only, the forward's amax); dequantize dY + D, dC + x
@@ -299,8 +300,8 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
         total += 2 * row + launches * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
     for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast, both dequantized
         total += 2 * n + 2 * n + 2 * NVFP4_BYTES * n + 2 * dequant(n)
-    row, col = tokens * ffn, padded * ffn  # D: row-only cast (forward), column-only cast (backward)
-    total += 2 * row + NVFP4_BYTES * row + dequant(row) + 2 * row + NVFP4_BYTES * col + dequant(col)
+    row, col = tokens * ffn, padded * ffn  # D: amax, row-only cast (forward), column-only cast (backward)
+    total += 2 * row + 2 * row + NVFP4_BYTES * row + dequant(row) + 2 * row + NVFP4_BYTES * col + dequant(col)
     return total
 
 

@@ -64,7 +64,7 @@ def fused_step(x, w1, w2, sizes, probs, dy, activation, clamp, recompute, target
                                     sign_mask=RHT_DEFAULT_SIGN_MASK, stochastic_rounding=True, recompute=recompute,
                                     target=target, fused_dgrad=True)
     fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=True,
-                                fused_amax=True)
+                                fused_amax=lowerings.get_target(target).probe(x.device).fused_amax)
     if not backward:
         return fwd, None
     return fwd, fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)

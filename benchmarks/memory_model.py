@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from grouped_mlp import SHAPES  # noqa: E402
-from nvfp4_inductor import ops  # noqa: E402
+from nvfp4_inductor import lowerings, ops  # noqa: E402
 from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
 from nvfp4_inductor.saved import SavedForBackward  # noqa: E402
@@ -93,7 +93,8 @@ def main() -> None:
                    stochastic_rounding=True, recompute=args.recompute, target=target, fused_dgrad=True)
     with LiveBytes() as mode:  # the op bodies: a mode sees a custom op as one call
         y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, **options, block_2d=True,
-                                                   fused_fc1=True, fused_amax=True)
+                                                   fused_fc1=True,
+                                                   fused_amax=lowerings.get_target(target).probe(x.device).fused_amax)
         forward_peak, after_forward = mode.peak, mode.now
         # the backward's three ops (fused.grouped_mlp_bwd), each saved tensor dropped after
         # its last reader as the compiled backward does

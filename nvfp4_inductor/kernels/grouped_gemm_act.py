@@ -1,14 +1,19 @@
-"""fc1 forward in one launch: the grouped NVFP4 GEMM with the activation and D's amax in
-its epilogue, bit for bit the unfused chain
+"""fc1 forward in one launch: the grouped NVFP4 GEMM with the activation in its epilogue,
+bit for bit the unfused chain
 
     C = kernels.grouped_gemm_via_bf16(a, b_W1)               (T, F1) bf16, saved for backward
     D = kernels.activation.activation_forward(C, p, act)     (T, F)  bf16, the fc2 input
-    (pre, post) = kernels.group_hadamard_amax(D, sizes, mask)   (G,) fp32 each
 
 Kernel ``_grouped_gemm_act_kernel``; launcher ``grouped_gemm_act``; op
 ``nvfp4_kernels::grouped_gemm_act``. Its reference is that chain (numerics.grouped_gemm_torch,
-activations.activation_forward, numerics.group_hadamard_amax_torch), up to the GEMM's
-fp32 summation order, which is grouped_gemm_via_bf16's (same tile config, same K loop).
+activations.activation_forward), up to the GEMM's fp32 summation order, which is
+grouped_gemm_via_bf16's (same tile config, same K loop).
+
+D's amaxes are not computed here: ``group_hadamard_amax`` reads D once after this kernel.
+An epilogue that stored D, then read each tile back for its post-RHT amax, cost more than
+that pass (run X1 of benchmarks/NOTES.md: at S4 0.678 ms against 0.484 ms without it, the
+pass 0.046 ms; the read-back made ptxas spill), so the Triton target does not offer
+``Capabilities.fused_amax``.
 
 Why the bits match:
 * C: the launcher dequantizes both operands to transient bf16 deq() copies
@@ -22,15 +27,6 @@ Why the bits match:
   the epilogue can be contracted with anything of the activation) and
   calls ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
   with integer RNE.
-* pre-RHT amax: max |D| over the tile's valid rows and columns, ``atomic_max`` into the
-  group's slot (fp32 atomic max of non-negative values: order-free, exact).
-* post-RHT amax: the tiles are group-aligned (a tile's rows are its group's local rows
-  tm * BM + [0, BM), BM % 16 == 0), so its runs of 16 tokens are exactly the runs of the
-  group's padded column-wise layout, rows past the group's end reading as zeros. After
-  the tile's D is stored, a CTA barrier, then the tile is read back (L1/L2-hot) as 16
-  token tiles of (BM/16, BC) by ``_nvfp4.fold_run_amax`` -- the very helper of
-  ``group_amax`` (loads, FWHT, running max, one ``rht_round`` at the end), so the same
-  bf16 D gives the same bits.
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
 C that feed them (gate columns j, up columns F + j) in two calls of the K loop; the
@@ -50,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvfp4 import bf16_round, fold_run_amax, rht_round, to_float32
+from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
@@ -78,29 +74,12 @@ def store_bits(ptrs, bits, mask):
 
 
 @triton.jit
-def _post_rht_amax(d_ptr, row0, local_start, size, col0, F, sign_mask,
-                   BM: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
-    """max |RHT(D^T)| over one stored (BM, BN) tile of D whose rows are its group's local
-    rows local_start + [0, BM): runs of 16 tokens, rows past the group's end as zeros."""
-    R: tl.constexpr = BM // 16
-    local0 = local_start + tl.arange(0, R) * 16
-    in_group = local0 < size
-    start = row0.to(tl.int64)
-    acc = tl.zeros((R, BC), dtype=tl.float32)
-    for c0 in range(0, BN, BC):
-        ks = col0 + c0 + tl.arange(0, BC)
-        k_ok = ks < F
-        _, acc = fold_run_amax(d_ptr, start, local0, size, in_group, F, ks, k_ok, sign_mask, acc, acc, False, True)
-    return rht_round(tl.max(tl.max(acc, axis=1), axis=0))
-
-
-@triton.jit
 def _grouped_gemm_act_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, p_ptr,
-    c_ptr, d_ptr, pre_ptr, post_ptr,
-    F, K, G, clamp, sign_mask,
-    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, AMAX: tl.constexpr, GPU: tl.constexpr,
-    BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    c_ptr, d_ptr,
+    F, K, G, clamp,
+    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
+    BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); C (T, F1), D (T, F) bf16."""
@@ -139,12 +118,6 @@ def _grouped_gemm_act_kernel(
         d = bf16_round(f)
         store_bits(d_ptr + arow[:, None] * F + cols[None, :], (d.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16),
                    mask)
-        if AMAX:
-            pre = tl.max(tl.max(tl.where(mask, tl.abs(d), 0.0), axis=1), axis=0)
-            tl.atomic_max(pre_ptr + grp, pre)
-            tl.debug_barrier()  # the tile's D stores are visible to the whole CTA from here
-            post = _post_rht_amax(d_ptr, row0, tm * BM, size, tn * BN, F, sign_mask, BM, BN, BC)
-            tl.atomic_max(post_ptr + grp, post)
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,45 +126,40 @@ def _grouped_gemm_act_kernel(
 
 def epilogue_config(kind: str, act: int, device: torch.device):
     """``bf16_gemm_config(kind)`` for a fused kernel ("act" or "dact"), checked for what the
-    epilogues need: BM % 16 == 0 (runs of 16 tokens start at group start + 16k), BN % 16 == 0
-    (dprob's runs of 16 columns)."""
+    dact epilogue needs: BN % 16 == 0 (dprob's runs of 16 columns)."""
     cfg = bf16_gemm_config(kind, device, swiglu=is_gated(act))
-    if cfg.block_m % 16 or cfg.block_n % 16:
-        raise ValueError(f"fused GEMM epilogues need block_m and block_n multiples of 16, got {cfg}")
+    if cfg.block_n % 16:
+        raise ValueError(f"fused GEMM epilogues need block_n a multiple of 16, got {cfg}")
     return cfg
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_act")
 def _grouped_gemm_act_op(
     a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
-    group_sizes: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float, sign_mask: int,
-    want_amax: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    group_sizes: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); every tensor contiguous. Returns
-    (C (T, F1), D (T, F) bf16, pre (G,), post (G,) fp32; the amaxes are empty unless want_amax)."""
+    (C (T, F1), D (T, F) bf16)."""
     tokens, k = a.shape
     groups, f1, _ = b.shape
     f = f1 // 2 if is_gated(act) else f1
     c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
     d = a.new_empty(tokens, f, dtype=torch.bfloat16)
-    # zeros for the atomic maxima; empty when not asked for (a fill is a launch on CUDA)
-    pre = a.new_zeros(groups if want_amax else 0, dtype=torch.float32)
-    post = a.new_zeros(groups if want_amax else 0, dtype=torch.float32)
     if tokens == 0 or f == 0 or groups == 0:
-        return c, d, pre, post
+        return c, d
     cfg = epilogue_config("act", act, a.device)
     programs = num_programs(cfg, a.device)
     launch(
         _grouped_gemm_act_kernel, (programs,),
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes,
         p_ptr=probs if probs is not None else a_amax,
-        c_ptr=c, d_ptr=d, pre_ptr=pre, post_ptr=post, F=f, K=k, G=groups, clamp=clamp, sign_mask=sign_mask,
-        ACT=act, HAS_PROBS=probs is not None, AMAX=want_amax, GPU=not INTERPRET,
+        c_ptr=c, d_ptr=d, F=f, K=k, G=groups, clamp=clamp,
+        ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET,
         BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        BC=min(32, cfg.block_n), NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
+        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
         EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
     )
-    return c, d, pre, post
+    return c, d
 
 
 def grouped_gemm_act(
@@ -207,28 +175,30 @@ def grouped_gemm_act(
     tanh_clamp_scale: Optional[float],
     sign_mask: int,
     *,
-    want_amax: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """fc1 + activation (+ D's amax): (C, D, pre-RHT amax, post-RHT amax), bit for bit
+    want_amax: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+    """fc1 + activation: (C, D, None, None) -- ``Steps.fc1_act_amax`` without D's amaxes
+    (this kernel has none to give: `sign_mask` and `want_amax` are the step's arguments,
+    and want_amax=True raises), bit for bit
 
         C = grouped_gemm_via_bf16(a..., b..., group_sizes)
         D = activation.activation_forward(C, probs, activation, tanh_clamp_scale)
-        pre, post = group_hadamard_amax(D, group_sizes, sign_mask)   (None, None unless want_amax)
 
     a: x's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W1's row-wise copies
     (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first). The bf16
     deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call."""
+    if want_amax:
+        raise ValueError("grouped_gemm_act: want_amax=True, but the Triton fc1 kernel does not compute D's amaxes "
+                         "(the Triton target has no fused_amax capability); run group_hadamard_amax on D")
     check_gemm_operands("grouped_gemm_act", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     if is_gated(act) and b_data.shape[1] % 2:
         raise ValueError(f"grouped_gemm_act: {activation} needs an even F1, got {b_data.shape[1]}")
     if probs is not None and probs.shape != (a_data.shape[0],):
         raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
-    if not 0 <= sign_mask < 2**16:
-        raise ValueError(f"grouped_gemm_act: sign_mask must be a 16-bit mask, got {sign_mask:#x}")
     a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
-    c, d, pre, post = _grouped_gemm_act_op(
+    c, d = _grouped_gemm_act_op(
         a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
-        probs.contiguous() if probs is not None else None, act, clamp, int(sign_mask), bool(want_amax),
+        probs.contiguous() if probs is not None else None, act, clamp,
     )
-    return (c, d, pre, post) if want_amax else (c, d, None, None)
+    return c, d, None, None

@@ -38,12 +38,12 @@ def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
 
     if not kernels.available(device):
         return f"triton: the kernels do not run on {device} (Triton missing, or no CUDA)"
-    # The fused kernels implement the activations that have Triton code; the fc1 epilogue
-    # (kernels/grouped_gemm_act.py) emits D's pre- and post-RHT amax with the recipe's sign
-    # mask, bit-identical to the amax pass.
+    # The fused kernels implement the activations that have Triton code. No fused_amax: D's
+    # amaxes come from one amax pass, cheaper than reading D back in the fc1 epilogue
+    # (kernels/grouped_gemm_act.py).
     fused = frozenset(name for name in activations.activation_names()
                       if activations.get_activation(name).triton_code is not None)
-    return Capabilities(fused_activations=fused, fused_amax=True, fused_amax_takes_sign_mask=True)
+    return Capabilities(fused_activations=fused)
 
 
 def _triton_inline() -> bool:
