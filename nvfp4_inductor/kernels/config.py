@@ -117,7 +117,12 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     RNE column-only 64x128 2 warps, 4 blocks: 127 / 245 / 144 against 143 / 287 / 154;
     SR row-only 32x128 1 warp: 161 / 462 / 178 against 16x256 2 warps at 128 registers'
     172 / 593 / 225; SR column-only 32x128 1 warp, 4 blocks: 164 / 317 / 131 against 167 /
-    359 / 147. SR row + column casts are two launches (``cast_launches``)."""
+    359 / 147. SR row + column casts are two launches (``cast_launches``).
+    SR row-only where K % 1024 == 0: 16x512 1 warp, 2 blocks (16 elements per thread: one
+    thread owns a 1x16 block and its Philox call; SASS per element 50.4 -> 35.0). Runs X1/X2
+    (benchmarks/cast_tiles.py): S1 x 147 us, S4 x 360 against 32x128's 160 / 465. At
+    K = 768 (S4 h) a program's 1024 columns are a quarter masked: 16x512 lost (212 vs 178
+    us at one block), so other widths keep 32x128."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -125,6 +130,8 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     if rowwise and columnwise:  # RNE: an SR cast of both copies is two launches (cast_launches)
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
     if rowwise:
+        if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
+            return CastConfig(block_m=16, block_k=512, num_warps=1, k_blocks=2)
         if sr:
             return CastConfig(block_m=32, block_k=128, num_warps=1)
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
