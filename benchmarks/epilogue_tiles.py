@@ -1,16 +1,17 @@
-"""Which tile config should the fused epilogue GEMMs (fc1 + activation + D's amax; fc2
-dgrad + activation backward) use, per activation?
+"""Which tile config should the fused epilogue GEMMs (fc1 + activation; fc2 dgrad +
+activation backward) use, per activation?
 
 At each shape of benchmarks/grouped_mlp.py (S1, S3 by default) and activation, times on
 ready bf16 deq() operands (random, non-zero; do_bench medians), one process:
   plain   the unfused bf16-operand GEMM (``_grouped_gemm_bf16_op``) of the same shape,
           at the default config (what the fused kernel's GEMM part costs at best)
-  act     ``_grouped_gemm_act_op``  (C, D, pre/post-RHT amax)
+  act     ``_grouped_gemm_act_op``  (C, D)
   dact    ``_grouped_gemm_dact_op`` (dC, dprob, regenerated D)
 for each tile config in CONFIGS. Columns: ms and the ratio to `plain` at the default
-config; "no amax" / "no D" time the same kernels without D's amaxes (the post-RHT
-read-back) / without regenerating D, so the epilogue's parts can be told apart. A config
-that fails to compile (shared memory) is reported, not hidden.
+config; "no D" times dact without regenerating D, so the epilogue's parts can be told
+apart. (Run X1 timed the act kernel's former D-amax epilogue here too: 0.678 against
+0.484 ms without it at S4, so it was removed.) A config that fails to compile (shared
+memory) is reported, not hidden.
 
     python benchmarks/epilogue_tiles.py [--shapes S1 S3] [--activations srelu swiglu]
 """
@@ -76,10 +77,8 @@ def main() -> None:
                 row = [shape, act, name]
                 with config.override(act=cfg, dact=cfg):
                     for kind, fn, plain in (
-                        ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp,
-                                                             0xD7E8, True), plain_act),
-                        ("act no amax", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code,
-                                                                     clamp, 0xD7E8, False), plain_act),
+                        ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp),
+                         plain_act),
                         ("dact", lambda: _grouped_gemm_dact_op(dy, amax, w2t, amax, sizes, c, probs, code,
                                                                clamp, True), plain_dact),
                         ("dact no D", lambda: _grouped_gemm_dact_op(dy, amax, w2t, amax, sizes, c, probs, code,
@@ -92,7 +91,7 @@ def main() -> None:
                             row += [f"failed: {type(error).__name__}"[:40], "-"]
                 rows.append(row + [f"{plain_act:.3f}", f"{plain_dact:.3f}"])
                 print(" | ".join(rows[-1]), flush=True)
-    print(format_table(["shape", "act", "config", "act ms", "act/plain", "no amax ms", "/plain", "dact ms",
+    print(format_table(["shape", "act", "config", "act ms", "act/plain", "dact ms",
                         "dact/plain", "no D ms", "/plain", "plain fc1 ms", "plain fc2-dgrad ms"], rows))
 
 
