@@ -122,7 +122,9 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     thread owns a 1x16 block and its Philox call; SASS per element 50.4 -> 35.0). Runs X1/X2
     (benchmarks/cast_tiles.py): S1 x 147 us, S4 x 360 against 32x128's 160 / 465. At
     K = 768 (S4 h) a program's 1024 columns are a quarter masked: 16x512 lost (212 vs 178
-    us at one block), so other widths keep 32x128."""
+    us at one block); there 32x128 at 4 blocks was fastest in W1 and X2 (158 / 160 us against
+    one block's 178). (At K = 4096, S1 x, 4 blocks took 280 us against 160: that width now
+    takes 16x512.)"""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -133,7 +135,7 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
         if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
             return CastConfig(block_m=16, block_k=512, num_warps=1, k_blocks=2)
         if sr:
-            return CastConfig(block_m=32, block_k=128, num_warps=1)
+            return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
     if sr:
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
