@@ -71,12 +71,16 @@ def _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, 
     return c, steps.activation_forward(c, probs, activation, tanh_clamp_scale), None
 
 
-def _deq(steps) -> dict:
-    """The quantize steps' keyword that returns the row-wise copy as its deq() values, where
-    the target's GEMM steps take such operands (``Steps.deq_operands``): for the copies a
-    GEMM reads at once (x, W1, D and W2 row-wise in the forward), so no dequantize launch
-    expands a packed copy written just before. Equal bits: deq() is what the GEMMs read."""
-    return dict(rowwise_deq=True) if steps.deq_operands else {}
+def _deq(steps, rowwise: bool = True, columnwise: bool = False) -> dict:
+    """The quantize steps' keywords that return copies as their deq() values, where the
+    target's GEMM steps take such operands (``Steps.deq_operands``): for the copies a GEMM
+    reads soon after the cast (x, W1, D, W2 row-wise in the forward; dY, dC and the rebuilt
+    D in the backward), so no dequantize launch expands a packed copy written just before.
+    Copies saved for the backward (x, W1, W2 column-wise) stay packed. Equal bits: deq() is
+    what the GEMMs read."""
+    if not steps.deq_operands:
+        return {}
+    return {**(dict(rowwise_deq=True) if rowwise else {}), **(dict(columnwise_deq=True) if columnwise else {})}
 
 
 def _fc2(steps, dq, w2q, group_sizes):
@@ -212,7 +216,7 @@ def grouped_mlp_bwd_fc2(
 
     def quantize_grad(t, seed):
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                    stochastic_rounding=stochastic_rounding, seed=seed)
+                                    stochastic_rounding=stochastic_rounding, seed=seed, **_deq(steps, True, True))
 
     dyq = quantize_grad(dy.contiguous(), dy_seed)
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
@@ -225,7 +229,7 @@ def grouped_mlp_bwd_fc2(
     del dgrad
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
         dq = steps.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                  columnwise_amax=d_col_amax)
+                                  columnwise_amax=d_col_amax, **_deq(steps, False, True))
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
         del dq
     del d
@@ -246,11 +250,14 @@ def _(dy, c, probs, group_sizes, offsets, w2_col_data, w2_col_scale, w2_amax, d_
     p = columnwise_capacity(t, g)
     e4m3 = torch.float8_e4m3fn
     dprobs = probs.new_empty(probs.shape) if probs is not None else dy.new_empty(0, dtype=torch.float32)
-    return [dy.new_empty(g, 2 * h_half, f), dprobs,
-            c.new_empty(t, f1 // 2, dtype=torch.uint8), c.new_empty(t, f1 // BLOCK, dtype=e4m3),
-            c.new_empty(g, dtype=torch.float32),
-            c.new_empty(f1, p // 2, dtype=torch.uint8), c.new_empty(f1, p // BLOCK, dtype=e4m3),
-            c.new_empty(g, dtype=torch.float32)]
+    if _deq(steps_for(options["target"], dy.device)):  # dC's copies as deq() values
+        row = [c.new_empty(t, f1, dtype=torch.bfloat16), c.new_empty(0, dtype=e4m3)]
+        col = [c.new_empty(f1, p, dtype=torch.bfloat16), c.new_empty(0, dtype=e4m3)]
+    else:
+        row = [c.new_empty(t, f1 // 2, dtype=torch.uint8), c.new_empty(t, f1 // BLOCK, dtype=e4m3)]
+        col = [c.new_empty(f1, p // 2, dtype=torch.uint8), c.new_empty(f1, p // BLOCK, dtype=e4m3)]
+    return [dy.new_empty(g, 2 * h_half, f), dprobs, *row, c.new_empty(g, dtype=torch.float32),
+            *col, c.new_empty(g, dtype=torch.float32)]
 
 
 class BackwardOptions(NamedTuple):
@@ -356,14 +363,16 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
           else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else "") + deq, "group_quantize")]),
         ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
+    grad_deq = " (both as deq() values)" if deq else ""
     dact = [("fc2 dgrad + activation backward, one kernel -> dC, dp" + regen, "fc2_dgrad_act")] if (
         plan.fused_dgrad) else [
         ("fc2 dgrad -> G", "grouped_gemm"), ("activation backward -> dC, dp" + regen, "activation_backward")]
     backward = [
-        (f"quantize dY: row + {col}{sr}", "group_quantize"),
+        (f"quantize dY: row + {col}{sr}{grad_deq}", "group_quantize"),
         *dact,
-        *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
-        (f"quantize dC: row + {col}{sr}", "group_quantize"),
+        *([(f"quantize D: {col} only, saved amax (no amax pass)" + (" (as deq() values)" if deq else ""),
+             "group_quantize")] if recompute else []),
+        (f"quantize dC: row + {col}{sr}{grad_deq}", "group_quantize"),
         ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
         ("fc1 wgrad -> dW1 (own op)", "grouped_gemm_wgrad"),
         ("fc1 dgrad -> dX (own op)", "grouped_gemm"),
