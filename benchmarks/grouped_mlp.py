@@ -299,9 +299,10 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     # (2 bytes per element, Steps.deq_operands): no packed copy, no dequantization.
     row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) + column cast, column dequantized
     total += 2 * row + 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
-    for k in (hidden, f1):  # dY, dC: amax, row + column cast (two SR launches), both written as deq()
-        row, col = tokens * k, padded * k
-        total += 2 * row + 2 * 2 * row + 2 * (row + col)
+    row, col = tokens * hidden, padded * hidden  # dY: amax, row (deq()) + column cast (two SR launches)
+    total += 2 * row + 2 * 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
+    row, col = tokens * f1, padded * f1  # dC: amax, row + column cast (two SR launches), both dequantized
+    total += 2 * row + 2 * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
     for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast, column dequantized
         total += 2 * n + 2 * n + 2 * n + NVFP4_BYTES * n + dequant(n)
     row, col = tokens * ffn, padded * ffn  # D: amax, row-only cast (forward), column-only cast (backward), deq()
