@@ -164,5 +164,7 @@ def dequantize_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     ``formats.block_values(data, scale).to(torch.bfloat16)`` (global scale not applied).
     The pair launch with an empty second operand."""
     rows, bits = _rows(data, scale, "dequantize_bf16")
-    out, _ = _dequantize_op(rows, bits, rows[:0], bits[:0])
+    # the empty second operand made with new_empty, not a slice: a traced step (fake CUDA
+    # tensors on a CPU-only torch) failed on the slice
+    out, _ = _dequantize_op(rows, bits, rows.new_empty(0, rows.shape[1]), bits.new_empty(0, bits.shape[1]))
     return out.view(*data.shape[:-1], out.shape[1])

@@ -129,7 +129,8 @@ def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> 
                          f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
     groups = b_data.shape[0]
     if _width(a_data) != _width(b_data) or _width(b_data) % BLOCK:
-        raise ValueError(f"{name}: K of a ({_width(a_data)}) and b ({_width(b_data)}) must match, K % 16 == 0")
+        raise ValueError(f"{name}: K of a ({_width(a_data)}) and b ({_width(b_data)}) must match (data K/2 bytes "
+                         f"packed, K bf16 values as deq()), K % 16 == 0")
     _check_scale(name, "a", a_data, a_scale)
     _check_scale(name, "b", b_data, b_scale)
     if group_sizes.shape != (groups,):
