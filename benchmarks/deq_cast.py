@@ -30,12 +30,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grouped_mlp import SHAPES, routing  # noqa: E402
+from cast_tiles import token_input  # noqa: E402
+from grouped_mlp import SHAPES  # noqa: E402
 
-from nvfp4_inductor import numerics  # noqa: E402
 from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
 from nvfp4_inductor.inspection import format_table  # noqa: E402
-from nvfp4_inductor.kernels import api  # noqa: E402
 from nvfp4_inductor.kernels.dequantize import dequantize_bf16  # noqa: E402
 from nvfp4_inductor.kernels.group_amax import group_amax  # noqa: E402
 from nvfp4_inductor.kernels.group_cast import group_cast  # noqa: E402
@@ -75,13 +74,7 @@ def main(argv=None) -> list[list[str]]:
 
     seed = torch.full((1,), 7, dtype=torch.int64, device=device)
     for name, shape, width, (rowwise, columnwise), sr, (row_deq, col_deq) in CASES[device]:
-        groups, tokens, hidden, ffn, uneven = SHAPES[shape]
-        k = hidden if width == "hidden" else ffn
-        torch.manual_seed(0)
-        x = (torch.randn(tokens, k, device=device) * torch.randn(tokens, 1, device=device).exp()).to(torch.bfloat16)
-        sizes = routing(groups, tokens, uneven, device)
-        cap = numerics.columnwise_capacity(tokens, groups)
-        pre, post = api.group_hadamard_amax(x, sizes)
+        x, sizes, cap, pre, post = token_input(shape, width, device)
 
         def cast(deq, x=x, sizes=sizes, pre=pre, post=post, cap=cap, rowwise=rowwise, columnwise=columnwise, sr=sr,
                  row_deq=row_deq, col_deq=col_deq):
