@@ -144,9 +144,9 @@ def dgrad_inputs(case: Case, activation: str, with_probs: bool, seed: str):
     return args, c.to(torch.bfloat16).to(DEVICE), None if probs is None else probs.to(DEVICE)
 
 
-def check_act(case, activation, with_probs, sign_mask, label):
+def check_act(case, activation, with_probs, label):
     args, probs = fc1_inputs(case, activation, with_probs, label)
-    c, d, pre, post = grouped_gemm_act(*args, probs, activation, _clamp(activation), sign_mask)
+    c, d, pre, post = grouped_gemm_act(*args, probs, activation, _clamp(activation), 0xD7E8)
     assert pre is None and post is None, f"{label}: the Triton fc1 kernel computes no amax"
     c_ref = grouped_gemm_via_bf16(*args)
     assert_bytes_equal(c, c_ref, f"{label}: C")
@@ -173,19 +173,19 @@ def check_dact(case, activation, with_probs, regenerate, label):
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "no_probs"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_act_equals_unfused(activation, with_probs):
-    check_act(UNEVEN, activation, with_probs, 0xD7E8, f"act {UNEVEN} {activation} probs={with_probs}")
+    check_act(UNEVEN, activation, with_probs, f"act {UNEVEN} {activation} probs={with_probs}")
 
 
 @pytest.mark.parametrize("activation", ["srelu", "swiglu"])  # the tiling does not depend on f
 def test_act_small_groups(activation):
-    check_act(SMALL, activation, True, 0xD7E8, f"act {SMALL} {activation}")
+    check_act(SMALL, activation, True, f"act {SMALL} {activation}")
 
 
 @pytest.mark.parametrize("activation", ["srelu", "swiglu"])
 def test_act_follows_the_bf16_k_order(activation):
     """Inputs whose bits depend on the K order: the fused C equals grouped_gemm_via_bf16's,
     which differs from that of the same GEMM in another K order (so the comparison can fail)."""
-    check_act(CANCEL, activation, True, 0xD7E8, f"act {CANCEL} {activation}")
+    check_act(CANCEL, activation, True, f"act {CANCEL} {activation}")
     args, _ = fc1_inputs(CANCEL, activation, True, f"act {CANCEL} {activation}")
     assert_k_order_visible(args)
 
@@ -193,7 +193,7 @@ def test_act_follows_the_bf16_k_order(activation):
 def test_act_other_tiles():
     """16x16 tiles, BK 32, 3 programs: one run per tile, tiles of a group on different programs."""
     with config.override(act=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
-        check_act(SMALL, "swiglu", True, 0xD7E8, "act 16x16 tiles swiglu")
+        check_act(SMALL, "swiglu", True, "act 16x16 tiles swiglu")
 
 
 def test_act_refuses_want_amax():
@@ -344,14 +344,14 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps):
 @needs_cuda
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gpu_act_and_dact_equal_unfused(activation):
-    check_act(GPU_CASE, activation, True, 0xD7E8, f"gpu act {activation}")
+    check_act(GPU_CASE, activation, True, f"gpu act {activation}")
     check_dact(GPU_CASE, activation, True, True, f"gpu dact {activation}")
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_no_probs_mask0():
-    check_act(GPU_CASE, "srelu", False, 0, "gpu act srelu no probs mask 0")
+def test_gpu_no_probs():
+    check_act(GPU_CASE, "srelu", False, "gpu act srelu no probs")
     check_dact(GPU_CASE, "srelu", False, False, "gpu dact srelu no probs")
 
 
@@ -361,7 +361,7 @@ def test_gpu_k_order_and_unaligned_f():
     """K order visible and F % BN != 0: C's up columns at other tile positions in the fused
     SwiGLU kernel than in the unfused GEMM; bitwise equal only if the MMA's result for an
     element does not depend on its column in the tile."""
-    check_act(GPU_CANCEL, "swiglu", True, 0xD7E8, "gpu act swiglu cancelling F=640")
+    check_act(GPU_CANCEL, "swiglu", True, "gpu act swiglu cancelling F=640")
     check_dact(GPU_CANCEL, "swiglu", True, True, "gpu dact swiglu cancelling F=640")
     args, _ = fc1_inputs(GPU_CANCEL, "swiglu", True, "gpu act swiglu cancelling F=640")
     assert_k_order_visible(args)

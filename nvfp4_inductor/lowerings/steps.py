@@ -19,7 +19,9 @@ class Steps:
                    activation, tanh_clamp_scale, sign_mask, *, want_amax=True)
           -> (C, D, pre-RHT amax, post-RHT amax)   grouped_gemm -> activation_forward
                                                    -> group_hadamard_amax(D, sizes, sign_mask)
-                                                   (amaxes None unless want_amax)
+                                                   (amaxes None unless want_amax; a target
+                                                   without Capabilities.fused_amax, as Triton,
+                                                   refuses want_amax=True: ValueError)
       fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs,
                     activation, tanh_clamp_scale, *, regenerate=False)
           -> (dC, dp or None, D or None)           grouped_gemm -> activation_backward
