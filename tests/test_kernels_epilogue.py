@@ -146,11 +146,12 @@ def dgrad_inputs(case: Case, activation: str, with_probs: bool, seed: str):
 
 def check_act(case, activation, with_probs, label):
     args, probs = fc1_inputs(case, activation, with_probs, label)
-    c, d, pre, post = grouped_gemm_act(*args, probs, activation, _clamp(activation), 0xD7E8)
+    clamp = _clamp(activation)
+    c, d, pre, post = grouped_gemm_act(*args, probs, activation, clamp, 0xD7E8)
     assert pre is None and post is None, f"{label}: the Triton fc1 kernel computes no amax"
     c_ref = grouped_gemm_via_bf16(*args)
     assert_bytes_equal(c, c_ref, f"{label}: C")
-    assert_bytes_equal(d, activation_forward(c_ref, probs, activation, _clamp(activation)), f"{label}: D")
+    assert_bytes_equal(d, activation_forward(c_ref, probs, activation, clamp), f"{label}: D")
 
 
 def check_dact(case, activation, with_probs, regenerate, label):
