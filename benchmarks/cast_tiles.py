@@ -63,18 +63,6 @@ def tiles_name(cfg) -> str:
     return f"{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} k{cfg.k_blocks}{regs}"
 
 
-def token_input(shape: str, width: str, device):
-    """A cast case's input at a grouped_mlp.py shape: x (T, K) bf16 with rows of very
-    different scales (K the shape's `width`, "hidden" or "ffn"), its routing's group sizes,
-    the column-wise capacity and x's (pre, post)-RHT amaxes."""
-    groups, tokens, hidden, ffn, uneven = SHAPES[shape]
-    k = hidden if width == "hidden" else ffn
-    torch.manual_seed(0)
-    x = (torch.randn(tokens, k, device=device) * torch.randn(tokens, 1, device=device).exp()).to(torch.bfloat16)
-    sizes = routing(groups, tokens, uneven, device)
-    return x, sizes, numerics.columnwise_capacity(tokens, groups), *api.group_hadamard_amax(x, sizes)
-
-
 def main(argv=None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -104,7 +92,13 @@ def main(argv=None) -> list[list[str]]:
         print(" | ".join(rows[-1]), flush=True)
 
     for name, shape, width in (c for c in CASES[device] if c[0] in chosen):
-        x, sizes, cap, pre, post = token_input(shape, width, device)
+        groups, tokens, hidden, ffn, uneven = SHAPES[shape]
+        k = hidden if width == "hidden" else ffn
+        torch.manual_seed(0)
+        x = (torch.randn(tokens, k, device=device) * torch.randn(tokens, 1, device=device).exp()).to(torch.bfloat16)
+        sizes = routing(groups, tokens, uneven, device)
+        cap = numerics.columnwise_capacity(tokens, groups)
+        pre, post = api.group_hadamard_amax(x, sizes)
         for sr in (rounding == "SR" for rounding in args.roundings):
             def cast(rowwise, columnwise):
                 return group_cast(x, sizes, pre, post, seed, rowwise, columnwise, True, RHT_DEFAULT_SIGN_MASK,

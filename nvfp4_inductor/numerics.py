@@ -67,7 +67,7 @@ from .constants import (
     SR_STREAM_COLUMNWISE,
     SR_STREAM_ROWWISE,
 )
-from .formats import e2m1_encode, e4m3_decode, e4m3_encode, operand_values, pack_fp4
+from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, operand_values, pack_fp4
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 
 _U32 = 0xFFFFFFFF
@@ -483,8 +483,8 @@ def grouped_gemm_wgrad_torch(
 ) -> torch.Tensor:
     """wgrad: out_g = bf16(alpha_g * deq(a_g) . deq(b_g)^T), contraction over group g's
     (padded) tokens. a: column-wise grouped copy (N, P/2), (N, P/16), post-RHT amax (G,);
-    b: the same for the other operand (M, P/2); either may be its deq() values. Returns (G, N, M)."""
-    a_vals = operand_values(a_data, a_scale)
-    b_vals = operand_values(b_data, b_scale)
+    b: the same for the other operand (M, P/2). Returns (G, N, M)."""
+    a_vals = block_values(a_data, a_scale)
+    b_vals = block_values(b_data, b_scale)
     acc = torch._grouped_mm(a_vals, b_vals.t(), offs=padded_offsets[1:].to(torch.int32))
     return (acc * gemm_alpha(a_amax, b_amax).view(-1, 1, 1)).to(torch.bfloat16)

@@ -173,12 +173,3 @@ def test_cast_tiles_dry_run_finds_every_launch_bit_equal():
     assert "DIFFER" not in bits
     assert bits.count("equal") == 2 * 2 * 2 + 1, rows  # {RNE, SR} x {row, col} x 2 tiles, + the stack
 
-
-def test_deq_cast_dry_run_finds_every_deq_copy_bit_equal():
-    """benchmarks/deq_cast.py (should a cast write a GEMM's operand as deq() values?) on the
-    CPU: for every cast launch of a training step and a weight stack, the deq() copies equal
-    the dequantized packed copies."""
-    import deq_cast
-
-    rows = deq_cast.main(["--device", "cpu"])
-    assert [r[4] for r in rows] == ["equal"] * (len(deq_cast.CASES["cpu"]) + len(deq_cast.STACKS["cpu"])), rows

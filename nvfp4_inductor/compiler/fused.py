@@ -71,17 +71,15 @@ def _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, 
     return c, steps.activation_forward(c, probs, activation, tanh_clamp_scale), None
 
 
-def _deq(steps, rowwise: bool = True, columnwise: bool = False) -> dict:
-    """The quantize steps' keywords that return copies as their deq() values, where the
-    target's GEMM steps take such operands (``Steps.deq_operands``): for the copies a GEMM
-    reads right after the cast (x, W1, D, W2 row-wise in the forward; dY row-wise and the
-    rebuilt D column-wise in the backward), so no dequantize launch expands a packed copy
-    written just before. Copies kept across other work stay packed (3.6x smaller): those
-    saved for the backward (x, W1, W2 column-wise), dY's column-wise copy, dC's copies.
-    Equal bits: deq() is what the GEMMs read."""
-    if not steps.deq_operands:
-        return {}
-    return {**(dict(rowwise_deq=True) if rowwise else {}), **(dict(columnwise_deq=True) if columnwise else {})}
+def _deq(steps) -> dict:
+    """The quantize steps' keyword that returns the row-wise copy as its deq() values, where
+    the target's GEMM steps take such operands (``Steps.deq_operands``): for the forward
+    GEMMs' operands (x, W1, D, W2 row-wise), which a GEMM reads right after the cast, so no
+    dequantize launch expands a packed copy written just before. Every other copy stays
+    packed: those saved for the backward (3.6x smaller), and the backward's, whose casts
+    (stochastic rounding, or column-wise) slowed down by more than the dequantize they
+    save (NOTES, runs Y2-Y3). Equal bits: deq() is what the GEMMs read."""
+    return dict(rowwise_deq=True) if steps.deq_operands else {}
 
 
 def _fc2(steps, dq, w2q, group_sizes):
@@ -215,16 +213,12 @@ def grouped_mlp_bwd_fc2(
     # dY's seed, then dC's: the draws of the eager chain, in its order (nothing between them draws)
     dy_seed, dc_seed = draw_sr_seeds(dy, 2, sr_per_rank) if stochastic_rounding else (None, None)
 
-    def quantize_grad(t, seed, **deq):
+    def quantize_grad(t, seed):
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                    stochastic_rounding=stochastic_rounding, seed=seed, **deq)
+                                    stochastic_rounding=stochastic_rounding, seed=seed)
 
-    # dY's row-wise copy as deq() values (the dgrad reads it at once); its column-wise copy
-    # stays packed until fc2's wgrad (as deq() it would be 3.6x bigger across the dgrad)
-    dyq = quantize_grad(dy.contiguous(), dy_seed, **_deq(steps))
-    dy_col = (dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax)
+    dyq = quantize_grad(dy.contiguous(), dy_seed)
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
-    del dyq
     if fused_dgrad:  # G stays in the GEMM's epilogue
         dc, dp, d = steps.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
     else:
@@ -234,13 +228,14 @@ def grouped_mlp_bwd_fc2(
     del dgrad
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
         dq = steps.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                  columnwise_amax=d_col_amax, **_deq(steps, False, True))
+                                  columnwise_amax=d_col_amax)
         d_col_data, d_col_scale = dq.columnwise_data, dq.columnwise_scale
         del dq
     del d
-    dcq = quantize_grad(dc, dc_seed)  # packed: both copies wait for fc1's GEMMs, in the next ops
+    dcq = quantize_grad(dc, dc_seed)
     del dc
-    dw2 = steps.grouped_gemm_wgrad(*dy_col, d_col_data, d_col_scale, d_col_amax, offsets)
+    dw2 = steps.grouped_gemm_wgrad(dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax,
+                                   d_col_data, d_col_scale, d_col_amax, offsets)
     dprobs = dp.to(probs.dtype) if probs is not None else dy.new_empty(0, dtype=torch.float32)
     return [dw2, dprobs, dcq.rowwise_data, dcq.rowwise_scale, dcq.rowwise_amax,
             dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax]
@@ -364,15 +359,13 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
           else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else "") + deq, "group_quantize")]),
         ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
-    grad_deq = " (row as deq() values)" if deq else ""
     dact = [("fc2 dgrad + activation backward, one kernel -> dC, dp" + regen, "fc2_dgrad_act")] if (
         plan.fused_dgrad) else [
         ("fc2 dgrad -> G", "grouped_gemm"), ("activation backward -> dC, dp" + regen, "activation_backward")]
     backward = [
-        (f"quantize dY: row + {col}{sr}{grad_deq}", "group_quantize"),
+        (f"quantize dY: row + {col}{sr}", "group_quantize"),
         *dact,
-        *([(f"quantize D: {col} only, saved amax (no amax pass)" + (" (as deq() values)" if deq else ""),
-             "group_quantize")] if recompute else []),
+        *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),
         ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
         ("fc1 wgrad -> dW1 (own op)", "grouped_gemm_wgrad"),

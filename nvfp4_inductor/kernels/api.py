@@ -150,13 +150,12 @@ def group_quantize(
     columnwise_amax: Optional[torch.Tensor] = None,
     seed: Optional[Seed] = None,
     rowwise_deq: bool = False,
-    columnwise_deq: bool = False,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor of G row groups of sizes `group_sizes` (a (G,) int tensor on
     x's device; any sizes, zero included, summing to T) per group (numerics.group_quantize_torch).
     Amaxes supplied are fp32 (G,). `block_2d` is ignored, as by the reference.
-    rowwise_deq / columnwise_deq: that copy as its deq() values, (T, K) / (K, P) bf16, scale
-    empty (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
+    rowwise_deq: the row-wise copy as its deq() values, (T, K) bf16, scale empty
+    (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
     _check_input(x, "group_quantize")
     del block_2d
     tokens = x.shape[0]
@@ -167,7 +166,7 @@ def group_quantize(
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
-        rowwise and rowwise_deq, columnwise and columnwise_deq,
+        rowwise and rowwise_deq,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
@@ -201,7 +200,7 @@ def quantize_weights(w: torch.Tensor, *, block_2d: bool = True, rowwise_deq: boo
     # stacked: the kernels know each expert's rows; no group-size tensor (a fill per launch)
     amax, _ = group_amax(x, None, True, False, 0, n, True)
     row_data, row_scale, col_data, col_scale, *_ = group_cast(
-        x, None, amax, amax, None, True, True, False, 0, block_2d, False, n, True, rowwise_deq, False,
+        x, None, amax, amax, None, True, True, False, 0, block_2d, False, n, True, rowwise_deq,
     )
     return NVFP4WeightStack(
         row_data.reshape(g, n, k) if rowwise_deq else row_data.reshape(g, n, k // 2),

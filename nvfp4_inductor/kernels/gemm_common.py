@@ -138,13 +138,14 @@ def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> 
 
 
 def check_wgrad_operands(name, a_data, a_scale, b_data, b_scale, padded_offsets) -> None:
-    """The operand rules of every wgrad-shaped GEMM (either operand packed or deq() values)."""
-    if a_data.dim() != 2 or b_data.dim() != 2 or _width(a_data) != _width(b_data):
+    """The operand rules of every wgrad-shaped GEMM."""
+    if a_data.dim() != 2 or b_data.dim() != 2 or a_data.shape[1] != b_data.shape[1]:
         raise ValueError(f"{name}: a_data (N, P/2) and b_data (M, P/2) must share P, got "
                          f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    if _width(a_data) % BLOCK:
-        raise ValueError(f"{name}: P % 16 == 0 needed, got P = {_width(a_data)}")
-    _check_scale(name, "a", a_data, a_scale)
-    _check_scale(name, "b", b_data, b_scale)
+    half = a_data.shape[1]
+    blocks = 2 * half // BLOCK
+    if (2 * half) % BLOCK or a_scale.shape != (a_data.shape[0], blocks) or b_scale.shape != (b_data.shape[0], blocks):
+        raise ValueError(f"{name}: scales must be (N, P/16) and (M, P/16) with P % 16 == 0, got "
+                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)} for P = {2 * half}")
     if padded_offsets.dim() != 1 or padded_offsets.shape[0] < 1:
         raise ValueError(f"{name}: padded_offsets must be (G+1,), got {tuple(padded_offsets.shape)}")

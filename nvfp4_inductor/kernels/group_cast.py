@@ -164,24 +164,12 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 
 
 @triton.jit
-def _deq_tokens(word, s, q: tl.constexpr):
-    """Tokens 4q .. 4q+3 of column-wise words (16 codes of 4 bits, token j at bit 4j) with
-    scale values `s`, as 4 bf16 deq() values in one uint64 (token 4q lowest)."""
-    out = tl.zeros(word.shape, dtype=tl.uint64)
-    for t in tl.static_range(4):
-        code = ((word >> (16 * q + 4 * t)) & 15).to(tl.int32)
-        bits = (e2m1_value(code) * s).to(tl.uint32, bitcast=True) >> 16
-        out = out | (bits.to(tl.uint64) << (16 * t))
-    return out
-
-
-@triton.jit
 def _cast_block(
     k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, COL_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
@@ -390,16 +378,8 @@ def _cast_block(
             word = word | ((c12 | (c13 << 4)).to(tl.uint64) << 48)
             word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
         col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
-        if COL_DEQ:  # 16 bf16 deq() values per (run, column): four uint64 of 4 tokens each
-            deq_ptr = col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx * 4
-            s = e4m3_decode(col_code_s)
-            tl.store(deq_ptr, _deq_tokens(word, s, 0), mask=col_ok)
-            tl.store(deq_ptr + 1, _deq_tokens(word, s, 1), mask=col_ok)
-            tl.store(deq_ptr + 2, _deq_tokens(word, s, 2), mask=col_ok)
-            tl.store(deq_ptr + 3, _deq_tokens(word, s, 3), mask=col_ok)
-        else:
-            tl.store(col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx, word, mask=col_ok)
-            tl.store(col_scale_ptr + idx, col_code_s.to(tl.uint8), mask=col_ok)
+        tl.store(col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx, word, mask=col_ok)
+        tl.store(col_scale_ptr + idx, col_code_s.to(tl.uint8), mask=col_ok)
 
 
 @triton.jit
@@ -409,7 +389,7 @@ def _group_cast_kernel(
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, COL_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
+    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
@@ -441,13 +421,13 @@ def _group_cast_kernel(
     if K_BLOCKS == 1:
         _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                     col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, COL_DEQ, R, BK)
+                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
             _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, COL_DEQ, R, BK)
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -466,7 +446,6 @@ def group_cast(
     capacity: int,
     stacked: bool,
     row_deq: bool = False,
-    col_deq: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,), contiguous;
     they may be one tensor, or alias anything: they are only read).
@@ -481,7 +460,6 @@ def group_cast(
     holding the amaxes given)); a copy not asked for is an empty (0,) tensor.
     row_deq: the row-wise copy as its deq() values, row data (T, K) bf16 (what
     ``dequantize_bf16`` makes of the packed copy, bit for bit), row scales empty.
-    col_deq: likewise the column-wise copy, (K, P) [stacked: (G, K, N)] bf16, scales empty.
     """
     x = x.contiguous()
     tokens, k = x.shape
@@ -497,12 +475,8 @@ def group_cast(
         row_data = alloc(rowwise, tokens, k // 2)
         row_scale = alloc(rowwise, tokens, k // BLOCK)
     lead = (groups, k) if stacked else (k,)
-    if col_deq:
-        col_data = x.new_empty(*(*lead, capacity) if columnwise else (0,), dtype=torch.bfloat16)
-        col_scale = alloc(False)
-    else:
-        col_data = alloc(columnwise, *lead, capacity // 2)
-        col_scale = alloc(columnwise, *lead, capacity // BLOCK)
+    col_data = alloc(columnwise, *lead, capacity // 2)
+    col_scale = alloc(columnwise, *lead, capacity // BLOCK)
     row_amax_out = x.new_empty(groups if rowwise else 0, dtype=torch.float32)
     col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity
@@ -527,7 +501,6 @@ def group_cast(
             ROWWISE=row, COLUMNWISE=col, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
-            COL_DEQ=col_deq and col, BLOCK_G=max(next_power_of_2(groups), 2),
-            BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
+            BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

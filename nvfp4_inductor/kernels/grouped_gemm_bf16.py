@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
-from .dequantize import bf16_operands
+from .dequantize import bf16_operands, dequantize_bf16_pair
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
@@ -289,6 +289,6 @@ def grouped_gemm_wgrad_via_bf16(
     on the device. Returns (G, N, M) bf16 (zeros for
     an empty group). The bf16 deq() copies live only inside this call."""
     check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
-    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
+    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
                                        padded_offsets.contiguous())

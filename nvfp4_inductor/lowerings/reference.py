@@ -13,25 +13,21 @@ from ..formats import operand_values
 from .steps import Steps
 
 
-def _as_deq(q, copy: str):
-    """`q` with its `copy` ("rowwise" / "columnwise") replaced by its deq() values (bf16) and
-    an empty scale."""
-    data, scale = getattr(q, f"{copy}_data"), getattr(q, f"{copy}_scale")
-    setattr(q, f"{copy}_data", operand_values(data, scale).to(torch.bfloat16))
-    setattr(q, f"{copy}_scale", scale.new_empty(0))
+def _row_as_deq(q):
+    """`q` with its row-wise copy replaced by its deq() values (bf16) and an empty scale."""
+    q.rowwise_data = operand_values(q.rowwise_data, q.rowwise_scale).to(torch.bfloat16)
+    q.rowwise_scale = q.rowwise_scale.new_empty(0)
     return q
 
 
-def group_quantize(x, group_sizes, *, rowwise_deq=False, columnwise_deq=False, **options):
+def group_quantize(x, group_sizes, *, rowwise_deq=False, **options):
     q = numerics.group_quantize_torch(x, group_sizes, **options)
-    if rowwise_deq and q.rowwise_data is not None:
-        q = _as_deq(q, "rowwise")
-    return _as_deq(q, "columnwise") if columnwise_deq and q.columnwise_data is not None else q
+    return _row_as_deq(q) if rowwise_deq and q.rowwise_data is not None else q
 
 
 def quantize_weights(w, *, block_2d=True, rowwise_deq=False):
     q = numerics.quantize_weights_torch(w, block_2d=block_2d)
-    return _as_deq(q, "rowwise") if rowwise_deq else q
+    return _row_as_deq(q) if rowwise_deq else q
 
 
 STEPS = Steps(
