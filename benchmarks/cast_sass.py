@@ -40,13 +40,17 @@ from nvfp4_inductor.inspection import format_table  # noqa: E402
 from nvfp4_inductor.kernels import _registry, config  # noqa: E402
 from nvfp4_inductor.kernels.group_cast import _group_cast_kernel  # noqa: E402
 
-VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked)
+VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq])
     "row+col": (True, True, True, False, False, False),  # activations (forward)
     "row sr": (True, False, False, False, True, False),  # gradients: an SR row + column cast
     "col sr": (False, True, True, False, True, False),  # is these two launches (config.cast_launches)
     "weights 2d": (True, True, False, True, False, True),  # expert weight stacks
     "row": (True, False, False, False, False, False),  # the recompute's fc2 input
     "col": (False, True, True, False, False, False),
+    # the forward's casts: the row-wise copy written as bf16 deq() values (Steps.deq_operands)
+    "row+col, row deq": (True, True, True, False, False, False, True),
+    "weights 2d, row deq": (True, True, False, True, False, True, True),
+    "row deq": (True, False, False, False, False, False, True),
 }
 HEADERS = ["variant", "groups", "k_blocks", "SASS", "in loop", "per element", "registers", "spill bytes"]
 _BRANCH = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
@@ -58,7 +62,7 @@ def _tool(name: str) -> str:
 
 def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048):
     """(cubin bytes, config) of one cast variant for sm_90a."""
-    rowwise, columnwise, rht, block_2d, sr, stacked = VARIANTS[variant]
+    rowwise, columnwise, rht, block_2d, sr, stacked, row_deq = (*VARIANTS[variant], False)[:7]
     cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise)
     if k_blocks is not None:
         cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
@@ -68,6 +72,7 @@ def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048)
         x, i64, i64, f32, f32, i64, u8, u8, u8, u8, f32, f32, k, groups, 4096, 4096, 0,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=0xD7E8, BLOCK_2D=block_2d, SR=sr,
         STACKED=stacked, EVEN_K=True, SHARED_CODES=block_2d and rowwise and columnwise and not sr,  # one amax
+        ROW_DEQ=row_deq,
         BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
         BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, grid=(1,), **cfg.launch_options())
     return compiled.asm["cubin"], cfg

@@ -33,8 +33,8 @@ Columns:
                        (its cudagraph_skips counter moved); a failing row's error.
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
-        [--graphs off on] [--extra eager save-D fake-quant] [--profile] [--host-profile]
-        [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
+        [--graphs off on] [--extra eager save-D fake-quant] [--profile] [--launches]
+        [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
 fit ~8 minutes on a fresh H200 with Triton's cache cold (an estimate from runs E7, E8). Each
@@ -45,7 +45,8 @@ test_benchmark_grouped_mlp_smoke.py): perf_counter timing, no peak memory, graph
 skipped (CUDA graphs need a GPU).
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
-(recompute on, graphs off) sorted by time. --host-profile adds the same step's host-side
+(recompute on, graphs off) sorted by time; --launches the same step's kernels in launch
+order, each with its time (which cast costs what). --host-profile adds the same step's host-side
 Python functions by own time (cProfile). --host-sample attaches py-spy (``--native``) to this
 process while that step runs back to back: Python and native frames (custom-op dispatch,
 autograd's device thread, Triton's launcher: what cProfile cannot see into) by own samples.
@@ -276,32 +277,36 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     training step: recompute on, the Triton target with its fused fc1 and fc2-dgrad kernels,
     as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
     forward amax x, W1, W2, D (pre + post RHT, one pass: the fc1 kernel gives no amax); casts
-    x, W1, W2 (row + column), D (row only); dequantize x + W1,
-    D + W2 row-wise (one launch a GEMM). Backward amax dY, dC; casts dY, dC (row + column,
-    SR: a row-wise and a column-wise launch, each reading the source, kernels/config.py's
-    cast_launches), the regenerated D (column only, the forward's amax); dequantize dY + D, dC + x
-    column-wise and dY + W2, dC + W1 for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py
-    checks this sum against the tensors those launches read and write.
+    x, W1, W2 (row + column), D (row only), each writing its row-wise copy as the bf16 deq()
+    values the forward GEMMs read (Steps.deq_operands): no dequantize launch in the forward.
+    Backward amax dY, dC; casts dY, dC (row + column, SR: a row-wise and a column-wise
+    launch, each reading the source, kernels/config.py's cast_launches), the regenerated D
+    (column only, the forward's amax); dequantize dY + D, dC + x column-wise and dY + W2,
+    dC + W1 for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py checks this sum
+    against the tensors those launches read and write.
 
     Counted: a pass over a bf16 source reads 2 bytes per element; a cast writes each copy
-    (NVFP4_BYTES per element); a dequantization reads a copy and writes its bf16 twin (2 bytes
-    per element). Token tensors' column-wise copies span P = columnwise_capacity(T, G) tokens
-    (numerics.md 5.1). Not counted: the GEMMs and their fused epilogues (the BF16 GEMM time
-    stands for them, though the epilogues also write D and read C), per-expert amaxes,
-    offsets and seeds (bytes per expert), the zero fill of column-wise padding."""
+    (NVFP4_BYTES per element packed, 2 as deq() values); a dequantization reads a copy and
+    writes its bf16 twin (2 bytes per element). Token tensors' column-wise copies span
+    P = columnwise_capacity(T, G) tokens (numerics.md 5.1). Not counted: the GEMMs and their
+    fused epilogues (the BF16 GEMM time stands for them, though the epilogues also write D
+    and read C), per-expert amaxes, offsets and seeds (bytes per expert), the zero fill of
+    column-wise padding."""
     padded = columnwise_capacity(tokens, experts)
 
     def dequant(n):
         return n * (NVFP4_BYTES + 2)
 
     total = 0.0
-    for k, launches in ((hidden, 1), (hidden, 2), (f1, 2)):  # x, dY, dC: amax, row + column cast, both dequantized
+    row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) + column cast, column dequantized
+    total += 2 * row + 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
+    for k in (hidden, f1):  # dY, dC: amax, row + column cast in two SR launches, both dequantized
         row, col = tokens * k, padded * k
-        total += 2 * row + launches * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
-    for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast, both dequantized
-        total += 2 * n + 2 * n + 2 * NVFP4_BYTES * n + 2 * dequant(n)
-    row, col = tokens * ffn, padded * ffn  # D: amax, row-only cast (forward), column-only cast (backward)
-    total += 2 * row + 2 * row + NVFP4_BYTES * row + dequant(row) + 2 * row + NVFP4_BYTES * col + dequant(col)
+        total += 2 * row + 2 * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
+    for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast (row deq())
+        total += 2 * n + 2 * n + 2 * n + NVFP4_BYTES * n + dequant(n)
+    row, col = tokens * ffn, padded * ffn  # D: amax, row-only cast (forward, deq()), column-only cast (backward)
+    total += 2 * row + 2 * row + 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
     return total
 
 
@@ -394,6 +399,25 @@ def kernel_breakdown(step, top=14):
     rows = [[e.key[:60], str(e.count // 3), f"{e.device_time_total / 3 / 1e3:.3f}",
              f"{100 * e.device_time_total / 3 / total:.0f}%"] for e in events[:top]]
     return format_table(["kernel", "calls/step", "ms/step", "share"], rows) + f"\ntotal {total / 1e3:.3f} ms/step"
+
+
+def launch_order(step, min_us=5.0):
+    """The GPU kernels of one forward+backward step in launch order with their us (mean of 3
+    steps, torch.profiler): which launch of a kind costs what (a cast of x against one of
+    dY), where kernel_breakdown sums them by name. Kernels under min_us left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    n = len(events) // 3
+    rows = [[str(i), events[i].name[:60], f"{sum(events[i + k * n].device_time for k in range(3)) / 3:.1f}"]
+            for i in range(n)]
+    return format_table(["#", "kernel", "us"], [r for r in rows if float(r[2]) >= min_us])
 
 
 def _let_children_trace_us() -> None:
@@ -515,6 +539,8 @@ def profile_ours(fn, args, grad, opts) -> None:
     if opts.profile:
         print(kernel_breakdown(step) if opts.device == "cuda" else "--profile: GPU kernels need CUDA; skipped",
               flush=True)
+    if opts.launches:
+        print(launch_order(step) if opts.device == "cuda" else "--launches: GPU kernels need CUDA; skipped", flush=True)
     if opts.host_profile:
         print(host_breakdown(step, opts.device), flush=True)
     if opts.py_spy:
@@ -530,6 +556,8 @@ def parse_args(argv=None):
     parser.add_argument("--extra", nargs="*", default=[], choices=sorted(EXTRA),
                         help="more rows, graphs off (each compile costs device time)")
     parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
+    parser.add_argument("--launches", action="store_true",
+                        help="print the GPU kernels of one compiled NVFP4 step in launch order")
     parser.add_argument("--host-profile", action="store_true",
                         help="print where the host time of a compiled NVFP4 step goes (cProfile)")
     parser.add_argument("--host-sample", action="store_true",

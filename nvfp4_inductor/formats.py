@@ -121,6 +121,16 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tenso
     return (values.view(rows, cols // BLOCK, BLOCK) * block_factor.unsqueeze(-1)).view(rows, cols)
 
 
+def operand_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The fp32 deq() values of a GEMM operand of any leading shape, given either packed
+    (data (..., C/2) uint8, scale (..., C/16)) or already as its deq() values (data (..., C)
+    bf16, what a cast with ``rowwise_deq`` writes; scale empty and not read)."""
+    if data.dtype == torch.bfloat16:
+        return data.float()
+    lead, half = data.shape[:-1], data.shape[-1]
+    return block_values(data.reshape(-1, half), scale.reshape(-1, half // 8)).reshape(*lead, 2 * half)
+
+
 def block_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """deq(): E2M1 value times its E4M3 block scale, without the global scale.
 

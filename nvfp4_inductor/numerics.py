@@ -67,7 +67,7 @@ from .constants import (
     SR_STREAM_COLUMNWISE,
     SR_STREAM_ROWWISE,
 )
-from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, pack_fp4
+from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, operand_values, pack_fp4
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 
 _U32 = 0xFFFFFFFF
@@ -462,10 +462,10 @@ def grouped_gemm_torch(
     """fprop / dgrad: out[t] = bf16(alpha_g * deq(a)[t] . deq(b_g)^T) for t in group g.
 
     a: row-wise grouped copy (T, K/2), (T, K/16), amax (G,); b: per-expert copies
-    (G, N, K/2), (G, N, K/16), amax (G,). fp32 matmul of exact deq() values."""
-    g, n, half = b_data.shape
-    a_vals = block_values(a_data, a_scale)
-    b_vals = block_values(b_data.reshape(g * n, half), b_scale.reshape(g * n, -1)).reshape(g, n, 2 * half)
+    (G, N, K/2), (G, N, K/16), amax (G,); either may be given as its deq() values instead
+    (``formats.operand_values``). fp32 matmul of exact deq() values."""
+    a_vals = operand_values(a_data, a_scale)
+    b_vals = operand_values(b_data, b_scale)
     ends = torch.cumsum(group_sizes.to(torch.int64), 0).to(torch.int32)
     acc = torch._grouped_mm(a_vals, b_vals.transpose(1, 2), offs=ends)
     group_of_row, _, _, _ = group_layout(group_sizes, a_data.shape[0])

@@ -172,3 +172,4 @@ def test_cast_tiles_dry_run_finds_every_launch_bit_equal():
     bits = [r[5] for r in rows]
     assert "DIFFER" not in bits
     assert bits.count("equal") == 2 * 2 * 2 + 1, rows  # {RNE, SR} x {row, col} x 2 tiles, + the stack
+

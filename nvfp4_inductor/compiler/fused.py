@@ -71,6 +71,17 @@ def _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, 
     return c, steps.activation_forward(c, probs, activation, tanh_clamp_scale), None
 
 
+def _deq(steps) -> dict:
+    """The quantize steps' keyword that returns the row-wise copy as its deq() values, where
+    the target's GEMM steps take such operands (``Steps.deq_operands``): for the forward
+    GEMMs' operands (x, W1, D, W2 row-wise), which a GEMM reads right after the cast, so no
+    dequantize launch expands a packed copy written just before. Every other copy stays
+    packed: those saved for the backward (3.6x smaller), and the backward's, whose casts
+    (stochastic rounding, or column-wise) slowed down by more than the dequantize they
+    save (NOTES, runs Y2-Y3). Equal bits: deq() is what the GEMMs read."""
+    return dict(rowwise_deq=True) if steps.deq_operands else {}
+
+
 def _fc2(steps, dq, w2q, group_sizes):
     return steps.grouped_gemm(dq.rowwise_data, dq.rowwise_scale, dq.rowwise_amax,
                               w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
@@ -101,14 +112,15 @@ def grouped_mlp_infer(
     """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
     check_group_sizes_values(group_sizes, x.shape[0])
     steps = steps_for(target, x.device)
-    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask)
-    _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, steps.quantize_weights(fc1_weight, block_2d=block_2d),
+    deq = _deq(steps)
+    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask, **deq)
+    _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, steps.quantize_weights(fc1_weight, block_2d=block_2d, **deq),
                       group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
     del xq
     dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
-                              rowwise_amax=amax[0] if amax is not None else None)
+                              rowwise_amax=amax[0] if amax is not None else None, **deq)
     del d
-    return _fc2(steps, dq, steps.quantize_weights(fc2_weight, block_2d=block_2d), group_sizes)
+    return _fc2(steps, dq, steps.quantize_weights(fc2_weight, block_2d=block_2d, **deq), group_sizes)
 
 
 @grouped_mlp_infer.register_fake
@@ -131,8 +143,9 @@ def grouped_mlp_fwd(
     bits, so the order changes no result)."""
     check_group_sizes_values(group_sizes, x.shape[0])
     steps = steps_for(target, x.device)
-    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask)
-    w1q = steps.quantize_weights(fc1_weight, block_2d=block_2d)
+    deq = _deq(steps)
+    xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **deq)
+    w1q = steps.quantize_weights(fc1_weight, block_2d=block_2d, **deq)
     c, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
                       sign_mask)
     kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
@@ -142,16 +155,16 @@ def grouped_mlp_fwd(
     if recompute:
         pre_post = amax if amax is not None else steps.group_hadamard_amax(d, group_sizes, sign_mask)
         row_amax, col_amax = copy_amaxes(*pre_post, rht)
-        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=row_amax)
+        dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=row_amax, **deq)
         kept.update(d_col_amax=col_amax, d_col_data=d.new_empty(0, dtype=torch.uint8),
                     d_col_scale=d.new_empty(0, dtype=torch.float8_e4m3fn))
     else:  # the epilogue's amaxes are the ones group_quantize would compute (without RHT: pre)
         row_amax, col_amax = copy_amaxes(*amax, rht) if amax is not None else (None, None)
         dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                  rowwise_amax=row_amax, columnwise_amax=col_amax)
+                                  rowwise_amax=row_amax, columnwise_amax=col_amax, **deq)
         kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
-    w2q = steps.quantize_weights(fc2_weight, block_2d=block_2d)
+    w2q = steps.quantize_weights(fc2_weight, block_2d=block_2d, **deq)
     y = _fc2(steps, dq, w2q, group_sizes)
     saved = SavedForBackward(c=c, w2_col_data=w2q.columnwise_data, w2_col_scale=w2q.columnwise_scale,
                              w2_amax=w2q.amax, **kept)
@@ -331,6 +344,7 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
     col = "col RHT" if rht else "col"
     sr = ", SR" if stochastic_rounding else ""
     regen = ", D regenerated" if recompute else ""
+    deq = " (row as deq() values)" if _deq(steps) else ""
     if plan.fused_fc1:
         amax = " + D's pre/post-RHT amax" if plan.fused_amax else ""
         fc1 = [(f"fc1 GEMM + activation * p{amax}, one kernel -> C (saved), D", "fc1_act_amax")]
@@ -338,11 +352,11 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
         fc1 = [("fc1 GEMM -> C (saved)", "grouped_gemm"), ("activation(C) * p -> D", "activation_forward")]
     d_amax = [] if plan.fused_amax else [("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
-        (f"quantize x: row + {col}", "group_quantize"),
-        ("quantize W1, W2: row + col", "quantize_weights"),
+        (f"quantize x: row + {col}{deq}", "group_quantize"),
+        (f"quantize W1, W2: row + col{deq}", "quantize_weights"),
         *fc1,
-        *(d_amax + [("quantize D: row only, given amax", "group_quantize")] if recompute
-          else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else ""), "group_quantize")]),
+        *(d_amax + [(f"quantize D: row only, given amax{deq}", "group_quantize")] if recompute
+          else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else "") + deq, "group_quantize")]),
         ("fc2 GEMM -> Y", "grouped_gemm"),
     ]
     dact = [("fc2 dgrad + activation backward, one kernel -> dC, dp" + regen, "fc2_dgrad_act")] if (

@@ -75,6 +75,16 @@ def e4m3_decode(code):
 
 
 @triton.jit
+def e2m1_value(code):
+    """E2M1 code (int32, 0..15) -> its fp32 value (exact): codes 2..7 are 2**((c >> 1) - 1) *
+    (1 + (c & 1) / 2), placed as exponent and mantissa bits; 1 is 0.5, 0 is 0; bit 3 the sign."""
+    c = code & 7
+    normal = (((c >> 1) + 126) << 23) | ((c & 1) << 22)
+    bits = tl.where(c >= 2, normal, tl.where(c == 1, 0x3F000000, 0))
+    return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def block_scale(block_amax, s_enc, s_dec):
     """E4M3 scale code (int32) and fp32 encode multiplier of blocks (numerics.md 2.2-2.3):
     s = e4m3(min(block_amax * (S_enc * fp32(1/6)), FLT_MAX));

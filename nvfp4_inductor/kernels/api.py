@@ -149,10 +149,13 @@ def group_quantize(
     rowwise_amax: Optional[torch.Tensor] = None,
     columnwise_amax: Optional[torch.Tensor] = None,
     seed: Optional[Seed] = None,
+    rowwise_deq: bool = False,
 ) -> NVFP4GroupedTensor:
     """Quantize a (T, K) tensor of G row groups of sizes `group_sizes` (a (G,) int tensor on
     x's device; any sizes, zero included, summing to T) per group (numerics.group_quantize_torch).
-    Amaxes supplied are fp32 (G,). `block_2d` is ignored, as by the reference."""
+    Amaxes supplied are fp32 (G,). `block_2d` is ignored, as by the reference.
+    rowwise_deq: the row-wise copy as its deq() values, (T, K) bf16, scale empty
+    (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
     _check_input(x, "group_quantize")
     del block_2d
     tokens = x.shape[0]
@@ -163,6 +166,7 @@ def group_quantize(
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
+        rowwise and rowwise_deq,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
@@ -176,10 +180,11 @@ def group_quantize(
     )
 
 
-def quantize_weights(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightStack:
+def quantize_weights(w: torch.Tensor, *, block_2d: bool = True, rowwise_deq: bool = False) -> NVFP4WeightStack:
     """Quantize a (G, N, K) expert weight stack per expert, N and K multiples of 16
     (numerics.quantize_weights_torch): one amax launch and one cast launch for all experts;
-    row-wise (G, N, K/2), column-wise (G, K, N/2), amax (G,), RNE, no RHT."""
+    row-wise (G, N, K/2), column-wise (G, K, N/2), amax (G,), RNE, no RHT.
+    rowwise_deq: the row-wise copy as its deq() values, (G, N, K) bf16, scale empty."""
     if w.dim() != 3 or w.shape[1] % 16 or w.shape[2] % 16:
         raise ValueError(f"quantize_weights: w must be (G, N, K) with N, K % 16 == 0, got {tuple(w.shape)}")
     g, n, k = w.shape
@@ -189,16 +194,17 @@ def quantize_weights(w: torch.Tensor, *, block_2d: bool = True) -> NVFP4WeightSt
         def empty(*shape, dtype=torch.uint8):
             return w.new_empty(shape, dtype=dtype)
 
-        return NVFP4WeightStack(empty(g, 0, k // 2), empty(g, 0, k // 16, dtype=_E4M3), empty(g, k, 0),
-                                empty(g, k, 0, dtype=_E4M3), w.new_zeros(g, dtype=torch.float32))
+        row = (empty(g, 0, k, dtype=torch.bfloat16), empty(0, dtype=_E4M3)) if rowwise_deq else (
+            empty(g, 0, k // 2), empty(g, 0, k // 16, dtype=_E4M3))
+        return NVFP4WeightStack(*row, empty(g, k, 0), empty(g, k, 0, dtype=_E4M3), w.new_zeros(g, dtype=torch.float32))
     # stacked: the kernels know each expert's rows; no group-size tensor (a fill per launch)
     amax, _ = group_amax(x, None, True, False, 0, n, True)
     row_data, row_scale, col_data, col_scale, *_ = group_cast(
-        x, None, amax, amax, None, True, True, False, 0, block_2d, False, n, True,
+        x, None, amax, amax, None, True, True, False, 0, block_2d, False, n, True, rowwise_deq,
     )
     return NVFP4WeightStack(
-        row_data.reshape(g, n, k // 2),
-        row_scale.view(_E4M3).reshape(g, n, k // 16),
+        row_data.reshape(g, n, k) if rowwise_deq else row_data.reshape(g, n, k // 2),
+        row_scale.view(_E4M3) if rowwise_deq else row_scale.view(_E4M3).reshape(g, n, k // 16),
         col_data,
         col_scale.view(_E4M3),
         amax,

@@ -146,11 +146,25 @@ def dequantize_bf16_pair(
     return a.view(*a_data.shape[:-1], a.shape[1]), b.view(*b_data.shape[:-1], b.shape[1])
 
 
+def bf16_operands(
+    a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GEMM's two bf16 deq() operands: an operand already given as its deq() values (bf16
+    data, what a cast with ``row_deq`` writes) is used as is; the packed ones are
+    dequantized, both in one launch."""
+    a_deq, b_deq = a_data.dtype == torch.bfloat16, b_data.dtype == torch.bfloat16
+    if not (a_deq or b_deq):
+        return dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
+    return (a_data if a_deq else dequantize_bf16(a_data, a_scale)), (b_data if b_deq else dequantize_bf16(b_data, b_scale))
+
+
 def dequantize_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """deq() of an NVFP4 copy as bf16: data (..., C/2) uint8 and scale (..., C/16) E4M3
     (or its uint8 bits) -> (..., C) bf16, equal bit for bit to
     ``formats.block_values(data, scale).to(torch.bfloat16)`` (global scale not applied).
     The pair launch with an empty second operand."""
     rows, bits = _rows(data, scale, "dequantize_bf16")
-    out, _ = _dequantize_op(rows, bits, rows[:0], bits[:0])
+    # the empty second operand made with new_empty, not a slice: a traced step (fake CUDA
+    # tensors on a CPU-only torch) failed on the slice
+    out, _ = _dequantize_op(rows, bits, rows.new_empty(0, rows.shape[1]), bits.new_empty(0, bits.shape[1]))
     return out.view(*data.shape[:-1], out.shape[1])

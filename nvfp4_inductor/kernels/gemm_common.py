@@ -109,18 +109,30 @@ def num_programs(cfg, device: torch.device) -> int:
 # Operand checks of the NVFP4 entry points
 
 
+def _width(data) -> int:
+    """The logical width of an operand: packed uint8 (..., C/2), or deq() values bf16 (..., C)."""
+    return data.shape[-1] if data.dtype == torch.bfloat16 else 2 * data.shape[-1]
+
+
+def _check_scale(name, which, data, scale) -> None:
+    """A packed operand's scale is (..., C/16); a deq() operand's is not read."""
+    if data.dtype != torch.bfloat16 and scale.shape != (*data.shape[:-1], _width(data) // BLOCK):
+        raise ValueError(f"{name}: {which}'s scale must be {(*data.shape[:-1], _width(data) // BLOCK)}, "
+                         f"got {tuple(scale.shape)}")
+
+
 def check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes) -> None:
-    """The operand rules of every fprop/dgrad-shaped GEMM (plain and fused)."""
+    """The operand rules of every fprop/dgrad-shaped GEMM (plain and fused); either operand
+    may be packed or its deq() values (``formats.operand_values``)."""
     if a_data.dim() != 2 or b_data.dim() != 3:
         raise ValueError(f"{name}: a_data must be (T, K/2) and b_data (G, N, K/2), got "
                          f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
-    groups, n, half = b_data.shape
-    if a_data.shape[1] != half or (2 * half) % BLOCK:
-        raise ValueError(f"{name}: K/2 of a ({a_data.shape[1]}) and b ({half}) must match, K % 16 == 0")
-    blocks = 2 * half // BLOCK
-    if a_scale.shape != (a_data.shape[0], blocks) or b_scale.shape != (groups, n, blocks):
-        raise ValueError(f"{name}: scales must be (T, K/16) and (G, N, K/16), got "
-                         f"{tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
+    groups = b_data.shape[0]
+    if _width(a_data) != _width(b_data) or _width(b_data) % BLOCK:
+        raise ValueError(f"{name}: K of a ({_width(a_data)}) and b ({_width(b_data)}) must match (data K/2 bytes "
+                         f"packed, K bf16 values as deq()), K % 16 == 0")
+    _check_scale(name, "a", a_data, a_scale)
+    _check_scale(name, "b", b_data, b_scale)
     if group_sizes.shape != (groups,):
         raise ValueError(f"{name}: group_sizes must be ({groups},), got {tuple(group_sizes.shape)}")
 

@@ -62,6 +62,8 @@ from ._nvfp4 import (
     columns,
     e2m1_rne,
     e2m1_stochastic,
+    e2m1_value,
+    e4m3_decode,
     global_scales,
     group_of_runs,
     load_rows,
@@ -84,7 +86,7 @@ def _row_block_amax(x, R: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row_scale_ptr,
-                   SR: tl.constexpr, EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+                   SR: tl.constexpr, EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     """Quantize R rows (R, BK) in 1x16 blocks of amax `bam` (R, BK/16) and store them."""
     code_s, enc = block_scale(bam, s_enc[:, None], s_dec[:, None])
     v = tl.reshape(x, (R, BK // 16, 16)) * enc[:, :, None]
@@ -94,13 +96,25 @@ def _store_rowwise(x, bam, src, ok, k0, K, s_enc, s_dec, seed, row_data_ptr, row
         codes = e2m1_stochastic(v, random_bytes_along_last(w0, w1, w2, w3))
     else:
         codes = e2m1_rne(v)
-    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, R, BK)
+    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, ROW_DEQ, R, BK)
 
 
 @triton.jit
 def _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr,
-                     EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
-    """Store R rows of E2M1 codes (R, BK/16, 16) and their E4M3 scale codes (R, BK/16)."""
+                     EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """Store R rows of E2M1 codes (R, BK/16, 16) and their E4M3 scale codes (R, BK/16); with
+    ROW_DEQ their deq() values instead, as bf16 (T, K) (``dequantize``'s bits: the product
+    of an E2M1 and an E4M3 value has at most 6 significant bits, exact in fp32 and bf16)."""
+    if ROW_DEQ:
+        v = e2m1_value(codes) * e4m3_decode(code_s)[:, :, None]
+        bits = tl.reshape((v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16), (R, BK))
+        ks = k0 + tl.arange(0, BK)
+        if EVEN_K:
+            deq_ok = ok[:, None] & tl.full((1, BK), 1, tl.int1)
+        else:
+            deq_ok = ok[:, None] & (ks < K)[None, :]
+        tl.store(row_data_ptr.to(tl.pointer_type(tl.uint16)) + src[:, None] * K + ks[None, :], bits, mask=deq_ok)
+        return
     lo, hi = tl.split(tl.reshape(codes, (R, BK // 2, 2)))
     kb = k0 // 16 + tl.arange(0, BK // 16)
     kh = k0 // 2 + tl.arange(0, BK // 2)
@@ -116,13 +130,13 @@ def _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr,
 
 @triton.jit
 def _store_rowwise_2d(x, code_s, enc, word, src, ok, k0, K, row_data_ptr, row_scale_ptr, j: tl.constexpr,
-                      EVEN_K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+                      EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     """Token j of 2D-scaled runs (RNE, the row and column copies' amax one tensor): store its
     row-wise codes and return the column-wise words (R, BK) with its codes at bits 4j.
     Each 16x16 tile has one scale for both copies, so the column-wise code of an element
     is its row-wise code: encoded once, not twice."""
     codes = e2m1_rne(tl.reshape(x, (R, BK // 16, 16)) * enc[:, :, None])
-    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, R, BK)
+    _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr, EVEN_K, ROW_DEQ, R, BK)
     return word | (tl.reshape(codes, (R, BK)).to(tl.uint64) << (4 * j))
 
 
@@ -155,7 +169,7 @@ def _cast_block(
     K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    SHARED_CODES: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
@@ -172,7 +186,7 @@ def _cast_block(
             srcj, okj = token_rows(start, local0, size, in_group, j)
             xj = load_rows(x_ptr, srcj, okj, K, ks, k_ok)
             _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
-                           row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+                           row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
         return
     src0, ok0 = token_rows(start, local0, size, in_group, 0)
     x0 = load_rows(x_ptr, src0, ok0, K, ks, k_ok)
@@ -246,56 +260,56 @@ def _cast_block(
         if SHARED_CODES:  # one scale per tile for both copies: the column-wise words collect the row-wise codes
             code_s, enc = block_scale(tile, row_senc[:, None], row_sdec[:, None])
             word = tl.zeros((R, BK), dtype=tl.uint64)
-            word = _store_rowwise_2d(x0, code_s, enc, word, src0, ok0, k0, K, row_data_ptr, row_scale_ptr, 0, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x1, code_s, enc, word, src1, ok1, k0, K, row_data_ptr, row_scale_ptr, 1, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x2, code_s, enc, word, src2, ok2, k0, K, row_data_ptr, row_scale_ptr, 2, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x3, code_s, enc, word, src3, ok3, k0, K, row_data_ptr, row_scale_ptr, 3, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x4, code_s, enc, word, src4, ok4, k0, K, row_data_ptr, row_scale_ptr, 4, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x5, code_s, enc, word, src5, ok5, k0, K, row_data_ptr, row_scale_ptr, 5, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x6, code_s, enc, word, src6, ok6, k0, K, row_data_ptr, row_scale_ptr, 6, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x7, code_s, enc, word, src7, ok7, k0, K, row_data_ptr, row_scale_ptr, 7, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x8, code_s, enc, word, src8, ok8, k0, K, row_data_ptr, row_scale_ptr, 8, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x9, code_s, enc, word, src9, ok9, k0, K, row_data_ptr, row_scale_ptr, 9, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x10, code_s, enc, word, src10, ok10, k0, K, row_data_ptr, row_scale_ptr, 10, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x11, code_s, enc, word, src11, ok11, k0, K, row_data_ptr, row_scale_ptr, 11, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x12, code_s, enc, word, src12, ok12, k0, K, row_data_ptr, row_scale_ptr, 12, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x13, code_s, enc, word, src13, ok13, k0, K, row_data_ptr, row_scale_ptr, 13, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x14, code_s, enc, word, src14, ok14, k0, K, row_data_ptr, row_scale_ptr, 14, EVEN_K, R, BK)
-            word = _store_rowwise_2d(x15, code_s, enc, word, src15, ok15, k0, K, row_data_ptr, row_scale_ptr, 15, EVEN_K, R, BK)
+            word = _store_rowwise_2d(x0, code_s, enc, word, src0, ok0, k0, K, row_data_ptr, row_scale_ptr, 0, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x1, code_s, enc, word, src1, ok1, k0, K, row_data_ptr, row_scale_ptr, 1, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x2, code_s, enc, word, src2, ok2, k0, K, row_data_ptr, row_scale_ptr, 2, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x3, code_s, enc, word, src3, ok3, k0, K, row_data_ptr, row_scale_ptr, 3, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x4, code_s, enc, word, src4, ok4, k0, K, row_data_ptr, row_scale_ptr, 4, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x5, code_s, enc, word, src5, ok5, k0, K, row_data_ptr, row_scale_ptr, 5, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x6, code_s, enc, word, src6, ok6, k0, K, row_data_ptr, row_scale_ptr, 6, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x7, code_s, enc, word, src7, ok7, k0, K, row_data_ptr, row_scale_ptr, 7, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x8, code_s, enc, word, src8, ok8, k0, K, row_data_ptr, row_scale_ptr, 8, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x9, code_s, enc, word, src9, ok9, k0, K, row_data_ptr, row_scale_ptr, 9, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x10, code_s, enc, word, src10, ok10, k0, K, row_data_ptr, row_scale_ptr, 10, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x11, code_s, enc, word, src11, ok11, k0, K, row_data_ptr, row_scale_ptr, 11, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x12, code_s, enc, word, src12, ok12, k0, K, row_data_ptr, row_scale_ptr, 12, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x13, code_s, enc, word, src13, ok13, k0, K, row_data_ptr, row_scale_ptr, 13, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x14, code_s, enc, word, src14, ok14, k0, K, row_data_ptr, row_scale_ptr, 14, EVEN_K, ROW_DEQ, R, BK)
+            word = _store_rowwise_2d(x15, code_s, enc, word, src15, ok15, k0, K, row_data_ptr, row_scale_ptr, 15, EVEN_K, ROW_DEQ, R, BK)
         elif BLOCK_2D:
-            _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x3, tile, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x4, tile, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x5, tile, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x6, tile, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x7, tile, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x8, tile, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x9, tile, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x10, tile, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x11, tile, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x12, tile, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x13, tile, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x14, tile, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x15, tile, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x0, tile, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x1, tile, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x2, tile, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x3, tile, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x4, tile, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x5, tile, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x6, tile, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x7, tile, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x8, tile, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x9, tile, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x10, tile, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x11, tile, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x12, tile, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x13, tile, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x14, tile, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x15, tile, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
         else:
-            _store_rowwise(x0, bam0, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x1, bam1, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x2, bam2, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x3, bam3, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x4, bam4, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x5, bam5, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x6, bam6, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x7, bam7, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x8, bam8, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x9, bam9, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x10, bam10, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x11, bam11, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x12, bam12, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x13, bam13, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x14, bam14, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
-            _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, R, BK)
+            _store_rowwise(x0, bam0, src0, ok0, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x1, bam1, src1, ok1, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x2, bam2, src2, ok2, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x3, bam3, src3, ok3, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x4, bam4, src4, ok4, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x5, bam5, src5, ok5, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x6, bam6, src6, ok6, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x7, bam7, src7, ok7, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x8, bam8, src8, ok8, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x9, bam9, src9, ok9, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x10, bam10, src10, ok10, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x11, bam11, src11, ok11, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x12, bam12, src12, ok12, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x13, bam13, src13, ok13, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x14, bam14, src14, ok14, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+            _store_rowwise(x15, bam15, src15, ok15, k0, K, row_senc, row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
 
     if COLUMNWISE:
         if STACKED:  # group g's own (K, N) matrix
@@ -375,7 +389,8 @@ def _group_cast_kernel(
     K, G, rows_total, cap, col_group_stride,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
-    SHARED_CODES: tl.constexpr, BLOCK_G: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
+    SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -406,13 +421,13 @@ def _group_cast_kernel(
     if K_BLOCKS == 1:
         _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                     col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, R, BK)
+                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
             _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, R, BK)
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -430,6 +445,7 @@ def group_cast(
     stochastic_rounding: bool,
     capacity: int,
     stacked: bool,
+    row_deq: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,), contiguous;
     they may be one tensor, or alias anything: they are only read).
@@ -442,6 +458,8 @@ def group_cast(
     (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) [(G, K, N/16)],
     padded offsets int64 (G+1,), row-wise amax, column-wise amax (fp32 (G,): new tensors
     holding the amaxes given)); a copy not asked for is an empty (0,) tensor.
+    row_deq: the row-wise copy as its deq() values, row data (T, K) bf16 (what
+    ``dequantize_bf16`` makes of the packed copy, bit for bit), row scales empty.
     """
     x = x.contiguous()
     tokens, k = x.shape
@@ -450,8 +468,12 @@ def group_cast(
     def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
         return x.new_empty(*shape if wanted else (0,), dtype=torch.uint8)
 
-    row_data = alloc(rowwise, tokens, k // 2)
-    row_scale = alloc(rowwise, tokens, k // BLOCK)
+    if row_deq:
+        row_data = x.new_empty(*(tokens, k) if rowwise else (0,), dtype=torch.bfloat16)
+        row_scale = alloc(False)
+    else:
+        row_data = alloc(rowwise, tokens, k // 2)
+        row_scale = alloc(rowwise, tokens, k // BLOCK)
     lead = (groups, k) if stacked else (k,)
     col_data = alloc(columnwise, *lead, capacity // 2)
     col_scale = alloc(columnwise, *lead, capacity // BLOCK)
@@ -478,7 +500,7 @@ def group_cast(
             col_group_stride=k * capacity // BLOCK,
             ROWWISE=row, COLUMNWISE=col, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
-            SHARED_CODES=shared_codes and row and col, BLOCK_G=max(next_power_of_2(groups), 2),
-            BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
+            SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
+            BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

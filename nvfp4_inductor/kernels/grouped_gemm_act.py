@@ -50,7 +50,7 @@ from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
-from .dequantize import dequantize_bf16_pair
+from .dequantize import bf16_operands
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
 
@@ -196,7 +196,7 @@ def grouped_gemm_act(
         raise ValueError(f"grouped_gemm_act: {activation} needs an even F1, got {b_data.shape[1]}")
     if probs is not None and probs.shape != (a_data.shape[0],):
         raise ValueError(f"grouped_gemm_act: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
-    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
+    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
     c, d = _grouped_gemm_act_op(
         a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         probs.contiguous() if probs is not None else None, act, clamp,

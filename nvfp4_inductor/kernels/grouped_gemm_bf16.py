@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
-from .dequantize import dequantize_bf16_pair
+from .dequantize import bf16_operands, dequantize_bf16_pair
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
@@ -270,7 +270,7 @@ def grouped_gemm_via_bf16(
     E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
     Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call."""
     check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
-    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
+    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
     return _grouped_gemm_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
                                  group_sizes.contiguous())
 

@@ -38,7 +38,7 @@ import triton.language as tl
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from .dequantize import dequantize_bf16_pair
+from .dequantize import bf16_operands
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
 from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
@@ -159,7 +159,7 @@ def grouped_gemm_dact(
         raise ValueError(f"grouped_gemm_dact: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if probs is not None and f % 16:
         raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
-    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
+    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
     dc, dp, d = _grouped_gemm_dact_op(
         a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
         c.contiguous(), probs.contiguous() if probs is not None else None, act, clamp, bool(regenerate),

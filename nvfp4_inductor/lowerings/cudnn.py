@@ -300,8 +300,9 @@ def make_steps(fe, base):
         dp = lay.unpad_rows(out["dprob_tensor"].view(-1), rows) if probs is not None else None
         return dc, dp, d
 
+    # deq_operands off: the cuDNN kernels read the packed NVFP4 copies themselves
     return dataclasses.replace(base, grouped_gemm=grouped_gemm, grouped_gemm_wgrad=grouped_gemm_wgrad,
-                               fc1_act_amax=fc1_act_amax, fc2_dgrad_act=fc2_dgrad_act)
+                               fc1_act_amax=fc1_act_amax, fc2_dgrad_act=fc2_dgrad_act, deq_operands=False)
 
 
 # What the wired step table fuses.

@@ -5,17 +5,39 @@ GEMMs are fp32 matmuls of exact deq() values (``torch._grouped_mm``), alpha appl
 the fp32 result, then rounded to bf16.
 """
 
+import torch
+
 from .. import numerics
 from ..activations import activation_backward, activation_forward
+from ..formats import operand_values
 from .steps import Steps
+
+
+def _row_as_deq(q):
+    """`q` with its row-wise copy replaced by its deq() values (bf16) and an empty scale."""
+    q.rowwise_data = operand_values(q.rowwise_data, q.rowwise_scale).to(torch.bfloat16)
+    q.rowwise_scale = q.rowwise_scale.new_empty(0)
+    return q
+
+
+def group_quantize(x, group_sizes, *, rowwise_deq=False, **options):
+    q = numerics.group_quantize_torch(x, group_sizes, **options)
+    return _row_as_deq(q) if rowwise_deq and q.rowwise_data is not None else q
+
+
+def quantize_weights(w, *, block_2d=True, rowwise_deq=False):
+    q = numerics.quantize_weights_torch(w, block_2d=block_2d)
+    return _row_as_deq(q) if rowwise_deq else q
+
 
 STEPS = Steps(
     quantize=numerics.quantize_torch,
-    group_quantize=numerics.group_quantize_torch,
+    group_quantize=group_quantize,
     group_hadamard_amax=numerics.group_hadamard_amax_torch,
-    quantize_weights=numerics.quantize_weights_torch,
+    quantize_weights=quantize_weights,
     grouped_gemm=numerics.grouped_gemm_torch,
     grouped_gemm_wgrad=numerics.grouped_gemm_wgrad_torch,
     activation_forward=activation_forward,
     activation_backward=activation_backward,
+    deq_operands=True,
 )

@@ -37,6 +37,12 @@ class Steps:
     activation_backward: Callable  # activations.activation_backward
     fc1_act_amax: Optional[Callable] = None  # fused fc1 + activation + D's amaxes
     fc2_dgrad_act: Optional[Callable] = None  # fused fc2 dgrad + activation backward
+    # The quantize steps take ``rowwise_deq=True`` (group_quantize, quantize_weights): the
+    # row-wise copy comes back as its deq() values, data bf16 at full width and an empty
+    # scale, which the fprop/dgrad-shaped GEMM steps take as that operand
+    # (formats.operand_values). The fused ops ask for it for the forward GEMMs' operands
+    # (no dequantize launch); every other copy stays packed.
+    deq_operands: bool = False
 
     def runs(self, step: str) -> str:
         """What runs `step` (a field name), e.g. 'numerics.group_quantize_torch', for explain."""

@@ -55,4 +55,5 @@ STEPS = Steps(
     activation_backward=activation_backward,
     fc1_act_amax=grouped_gemm_act,
     fc2_dgrad_act=grouped_gemm_dact,
+    deq_operands=True,  # the casts write the forward GEMMs' operands as deq() (group_cast's ROW_DEQ)
 )
