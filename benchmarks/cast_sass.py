@@ -78,9 +78,10 @@ def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048)
     return compiled.asm["cubin"], cfg
 
 
-def count(cubin: bytes, cfg) -> dict:
-    """Instructions (all, inside the column-block loop, per element), registers, spill bytes."""
-    path = os.path.join(tempfile.mkdtemp(), "cast.cubin")
+def resources(cubin: bytes) -> dict:
+    """A cubin's SASS instructions, those of its largest loop (a backward branch's span),
+    registers per thread and spill (stack) bytes, from cuobjdump."""
+    path = os.path.join(tempfile.mkdtemp(), "kernel.cubin")
     with open(path, "wb") as f:
         f.write(cubin)
     usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True).stdout
@@ -97,11 +98,16 @@ def count(cubin: bytes, cfg) -> dict:
         if branch and int(branch.group(1), 16) < addr:  # a backward branch closes the loop
             target = int(branch.group(1), 16)
             loop = max(loop, sum(1 for a in addresses if target <= a <= addr))
-    per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
-    executed = len(addresses) - loop + cfg.k_blocks * loop
-    return dict(sass=len(addresses), loop=loop, per_element=executed / (cfg.k_blocks * per_thread),
-                registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+    return dict(sass=len(addresses), loop=loop, registers=int(re.search(r"REG:(\d+)", usage).group(1)),
                 spills=int(re.search(r"STACK:(\d+)", usage).group(1)))
+
+
+def count(cubin: bytes, cfg) -> dict:
+    """Instructions (all, inside the column-block loop, per element), registers, spill bytes."""
+    res = resources(cubin)
+    per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
+    executed = res["sass"] - res["loop"] + cfg.k_blocks * res["loop"]
+    return dict(res, per_element=executed / (cfg.k_blocks * per_thread))
 
 
 def main(argv=None) -> list[list[str]]:

@@ -7,13 +7,14 @@ ready bf16 deq() operands (random, non-zero; do_bench medians), one process:
           at the default config (what the fused kernel's GEMM part costs at best)
   act     ``_grouped_gemm_act_op``  (C, D)
   dact    ``_grouped_gemm_dact_op`` (dC, dprob, regenerated D)
-for each tile config in CONFIGS. Columns: ms and the ratio to `plain` at the default
+for each tile config in CONFIGS (--configs picks some). Columns: ms and the ratio to `plain` at the default
 config; "no D" times dact without regenerating D, so the epilogue's parts can be told
 apart. (Run X1 timed the act kernel's former D-amax epilogue here too: 0.678 against
 0.484 ms without it at S4, so it was removed.) A config that fails to compile (shared
 memory) is reported, not hidden.
 
     python benchmarks/epilogue_tiles.py [--shapes S1 S3] [--activations srelu swiglu]
+        [--configs "128x128x64 w8 s4" "128x128x64 w8 s4 /2" ...]
 """
 
 from __future__ import annotations
@@ -38,12 +39,17 @@ from nvfp4_inductor.kernels.grouped_gemm_act import _grouped_gemm_act_op  # noqa
 from nvfp4_inductor.kernels.grouped_gemm_bf16 import _grouped_gemm_bf16_op  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_dact import _grouped_gemm_dact_op  # noqa: E402
 
-CONFIGS = {  # BM, BN, BK, warps, stages
-    "128x256x64 w8 s3 (default)": Bf16GemmConfig(128, 256, 64, 8, 3),
+CONFIGS = {  # BM, BN, BK, warps, stages[, the dact epilogue's column slices]
+    "128x256x64 w8 s3": Bf16GemmConfig(128, 256, 64, 8, 3),
     "128x128x64 w8 s4": Bf16GemmConfig(128, 128, 64, 8, 4),
     "128x128x64 w4 s4": Bf16GemmConfig(128, 128, 64, 4, 4),
     "256x128x64 w8 s3": Bf16GemmConfig(256, 128, 64, 8, 3),
     "64x256x64 w4 s4": Bf16GemmConfig(64, 256, 64, 4, 4),
+    # the dact epilogue in column slices (the act kernel ignores the split): no register
+    # spills in their sm_90a code where the unsplit tiles spill (NOTES, twelfth session)
+    "128x128x64 w8 s4 /2": Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=2),
+    "128x128x64 w8 s4 /4": Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=4),
+    "128x256x64 w8 s3 /4": Bf16GemmConfig(128, 256, 64, 8, 3, epilogue_split=4),
 }
 
 
@@ -55,6 +61,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["S1", "S3"])
     parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="CONFIG",
+                        help=f"tile configs, by name: {', '.join(repr(n) for n in CONFIGS)} (default: all)")
     args = parser.parse_args()
     dev = "cuda"
     rows = []
@@ -73,8 +81,8 @@ def main() -> None:
             c = _grouped_gemm_bf16_op(x, amax, w1, amax, sizes)
             plain_act = ms(lambda: _grouped_gemm_bf16_op(x, amax, w1, amax, sizes))
             plain_dact = ms(lambda: _grouped_gemm_bf16_op(dy, amax, w2t, amax, sizes))
-            for name, cfg in CONFIGS.items():
-                row = [shape, act, name]
+            for name in args.configs:
+                cfg, row = CONFIGS[name], [shape, act, name]
                 with config.override(act=cfg, dact=cfg):
                     for kind, fn, plain in (
                         ("act", lambda: _grouped_gemm_act_op(x, amax, w1, amax, sizes, probs, code, clamp),

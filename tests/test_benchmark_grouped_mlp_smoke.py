@@ -4,7 +4,7 @@ its main at the tiny shape (compiler="aot_eager") gives every row with finite nu
 floor's byte model equals the bytes the Triton lowering's casts, amax passes and
 dequantizations read and write; the py-spy output parser; the option checks; and CPU runs
 of the other H200 benchmarks whose failure would waste device time (compile_time.py,
-cast_sass.py, cast_tiles.py)."""
+cast_sass.py, epilogue_sass.py, cast_tiles.py)."""
 
 import collections
 import importlib
@@ -159,6 +159,29 @@ def test_cast_sass_counts_the_column_block_loop(tmp_path):
     assert (one["k_blocks"], one["loop"]) == ("1", "0")
     assert four["k_blocks"] == "4" and int(four["loop"]) > int(four["sass"]) // 2
     assert float(four["per_element"]) < float(one["per_element"])
+
+
+def test_epilogue_sass_finds_the_split_dact_epilogue_spills_less(tmp_path):
+    """benchmarks/epilogue_sass.py (registers and spills of the fused epilogue GEMMs at each
+    tile config, compiled here for sm_90a): at 128x256 tiles the dact kernel's epilogue
+    spills, and run on the tile's column quarters in turn it spills less (no bytes with
+    Triton 3.6 and 3.9). In a child process, as the cast_sass test."""
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import epilogue_sass; "
+            "json.dump(epilogue_sass.main(['--kernels', 'dact', '--activations', 'srelu', '--configs', "
+            "'128x256x64 w8 s3', '128x256x64 w8 s3 /4']), "
+            f"open({str(tmp_path / 'rows.json')!r}, 'w'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    whole, quarters = [dict(zip(["kernel", "act", "config", "sass", "loop", "registers", "spills"], r))
+                       for r in json.loads((tmp_path / "rows.json").read_text())]
+    assert (whole["config"], quarters["config"]) == ("128x256x64 w8 s3", "128x256x64 w8 s3 /4")
+    assert int(whole["spills"]) > 0 and int(quarters["spills"]) < int(whole["spills"]), (whole, quarters)
 
 
 def test_cast_tiles_dry_run_finds_every_launch_bit_equal():

@@ -61,6 +61,8 @@ class Case:
 
 # uneven: empty groups first, middle and last; 37 spans two 32-row tiles, 5 and 22 end mid-run
 UNEVEN = Case("uneven_empty", (5, 0, 37, 16, 22, 0), 64, 48)
+# F = 80: one whole 64-column tile and one of 16 columns
+WIDE = Case("uneven_f80", (5, 0, 37, 16, 22, 0), 64, 80)
 # groups of 1 and 15 tokens (one partial run), 17 and 33 (a run of 1 after full runs)
 SMALL = Case("tiny_groups", (0, 1, 15, 17, 0, 33), 32, 32)
 GPU_CASE = Case("gpu_uneven", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 768)
@@ -230,6 +232,17 @@ def test_dact_other_tiles():
         check_dact(SMALL, "swiglu", True, True, "dact 16x16 tiles swiglu")
 
 
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_dact_split_epilogue(activation, split):
+    """The epilogue on the tile's column halves / quarters in turn (64-column tiles: slices of
+    32 and 16): F = 80, a whole tile and one of 16 columns; F = 48 (K order visible), the
+    last slice empty. The same bits."""
+    with config.override(dact=Bf16GemmConfig(16, 64, 32, 4, 1, 3, epilogue_split=split)):
+        check_dact(WIDE, activation, True, True, f"dact split {split} {activation}")
+        check_dact(CANCEL, activation, True, True, f"dact split {split} {activation} cancelling")
+
+
 def test_zero_tokens_and_errors():
     empty = Case("zero_tokens", (0, 0), 32, 32)
     args, probs = fc1_inputs(empty, "srelu", True, "zero")
@@ -244,6 +257,13 @@ def test_zero_tokens_and_errors():
     with pytest.raises(ValueError, match="epilogues need block_n"):
         with config.override(act=Bf16GemmConfig(32, 24, 32, 4, 1, 2)):
             grouped_gemm_act(*args, probs, "srelu", None, 0)
+    dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "split")
+    with pytest.raises(ValueError, match="block_n / epilogue_split"):
+        with config.override(dact=Bf16GemmConfig(32, 32, 32, 4, 1, 2, epilogue_split=4)):
+            grouped_gemm_dact(*dargs, cc, dprobs, "srelu")
+    with pytest.raises(ValueError, match="epilogue_split must be 1, 2 or 4"):
+        with config.override(dact=Bf16GemmConfig(32, 96, 32, 4, 1, 2, epilogue_split=3)):
+            grouped_gemm_dact(*dargs, cc, dprobs, "srelu")
     dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "f24")
     f24 = (*dargs[:3], dargs[3][:, :24], dargs[4][:, :24], *dargs[5:])  # F = 24: not whole runs of 16
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -354,6 +374,19 @@ def test_gpu_act_and_dact_equal_unfused(activation):
 def test_gpu_no_probs():
     check_act(GPU_CASE, "srelu", False, "gpu act srelu no probs")
     check_dact(GPU_CASE, "srelu", False, False, "gpu dact srelu no probs")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("tiles", [Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=2),
+                                   Bf16GemmConfig(128, 256, 64, 8, 3, epilogue_split=4)], ids=["128x128/2", "128x256/4"])
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_gpu_dact_split_epilogue(activation, tiles):
+    """The H200's candidate split-epilogue tiles (no register spills in their sm_90a code):
+    the same bits as the unfused chain, F = 640 not a multiple of the tile."""
+    with config.override(dact=tiles):
+        check_dact(GPU_CASE, activation, True, True, f"gpu dact {activation} {tiles}")
+        check_dact(GPU_CANCEL, activation, True, True, f"gpu dact {activation} {tiles} cancelling F=640")
 
 
 @pytest.mark.gpu

@@ -68,6 +68,7 @@ class Bf16GemmConfig:
     num_stages: int
     num_programs: int = 0  # persistent programs; 0 = one per SM (1 under the interpreter)
     tma: bool = False  # device-side TMA descriptors (CUDA only)
+    epilogue_split: int = 1  # fused epilogues (dact): 2 = the tile's column halves one after the other
 
 
 _KINDS = {"cast": CastConfig, "amax": AmaxConfig, "dequant": DequantConfig,

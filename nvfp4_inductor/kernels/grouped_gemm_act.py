@@ -126,10 +126,13 @@ def _grouped_gemm_act_kernel(
 
 def epilogue_config(kind: str, act: int, device: torch.device):
     """``bf16_gemm_config(kind)`` for a fused kernel ("act" or "dact"), checked for what the
-    dact epilogue needs: BN % 16 == 0 (dprob's runs of 16 columns)."""
+    dact epilogue needs: each of its column slices (BN / epilogue_split) a multiple of 16
+    (dprob's runs of 16 columns)."""
     cfg = bf16_gemm_config(kind, device, swiglu=is_gated(act))
-    if cfg.block_n % 16:
-        raise ValueError(f"fused GEMM epilogues need block_n a multiple of 16, got {cfg}")
+    if cfg.epilogue_split not in (1, 2, 4):
+        raise ValueError(f"fused GEMM epilogues: epilogue_split must be 1, 2 or 4, got {cfg}")
+    if (cfg.block_n // cfg.epilogue_split) % 16 or cfg.block_n % cfg.epilogue_split:
+        raise ValueError(f"fused GEMM epilogues need block_n / epilogue_split a multiple of 16, got {cfg}")
     return cfg
 
 

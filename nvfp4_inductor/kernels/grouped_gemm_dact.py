@@ -45,6 +45,28 @@ from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
 
 
 @triton.jit
+def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """A (BM, BN) tile's column halves [0, BN/2) and [BN/2, BN)."""
+    return tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+                   ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
+                   BM: tl.constexpr, BW: tl.constexpr):
+    """The epilogue of columns [col0, col0 + BW) of a tile: G's bits, the activation backward
+    (stores dC, D), and dprob's partials of those columns' runs of 16."""
+    cols = col0 + tl.arange(0, BW)
+    mask = row_ok[:, None] & (cols < F)[None, :]
+    g = widen(gemm_out_bits(acc, alpha))
+    gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
+    if HAS_PROBS:
+        runs = _run_sums(gf, BM, BW)
+        run = col0 // 16 + tl.arange(0, BW // 16)
+        tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs, mask=row_ok[:, None] & (run < NR)[None, :])
+
+
+@triton.jit
 def _grouped_gemm_dact_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
     dc_ptr, part_ptr, d_ptr,
@@ -52,31 +74,48 @@ def _grouped_gemm_dact_kernel(
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq())."""
+    """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq()). SPLIT 2 or 4:
+    the epilogue runs on the tile's column halves or quarters one after the other (fewer
+    live registers than the whole tile's C, dC and D tiles at once)."""
     NR = F // 16  # dprob partials per row
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
     gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
         grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
-        cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size
-        col_ok = cols < F
-        mask = row_ok[:, None] & col_ok[None, :]
         arow = (row0 + rows).to(tl.int64)
         acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
                             BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-        g = widen(gemm_out_bits(acc, gemm_alpha(a_amax_ptr, b_amax_ptr, grp)))
+        alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, grp)
         if HAS_PROBS:
             p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         else:
             p = 1.0  # unused
-        gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
-        if HAS_PROBS:
-            runs = _run_sums(gf, BM, BN)
-            run = tn * (BN // 16) + tl.arange(0, BN // 16)
-            tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs, mask=row_ok[:, None] & (run < NR)[None, :])
+        if SPLIT == 1:
+            _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR, clamp,
+                           ACT, HAS_PROBS, REGEN, GPU, BM, BN)
+        else:
+            W: tl.constexpr = BN // SPLIT
+            left, right = _halves(acc, BM, BN)
+            if SPLIT == 2:
+                _dact_epilogue(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+                _dact_epilogue(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + W, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+            else:  # 4
+                q0, q1 = _halves(left, BM, BN // 2)
+                _dact_epilogue(q0, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+                _dact_epilogue(q1, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + W, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+                q2, q3 = _halves(right, BM, BN // 2)
+                _dact_epilogue(q2, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + 2 * W, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+                _dact_epilogue(q3, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + 3 * W, F, NR,
+                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
 
 
 @triton.jit
@@ -118,7 +157,7 @@ def _grouped_gemm_dact_op(
         ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
         BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
-        TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
+        TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
     )
     if probs is not None:
         launch(_dp_sum_kernel, (cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
