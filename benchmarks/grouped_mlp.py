@@ -383,16 +383,22 @@ def host_breakdown(step, device, steps=20, top=16):
         f"\nhost total {total:.3f} ms/step (under cProfile, which inflates call-heavy code)"
 
 
-def kernel_breakdown(step, top=14):
-    """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
+def _profiled_steps(step, steps=3):
+    """torch.profiler's record of `steps` warm steps' GPU activity."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
+        for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_breakdown(step, top=14):
+    """Per-kernel GPU time of one forward+backward step, from torch.profiler."""
+    prof = _profiled_steps(step)
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     events.sort(key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) / 3
@@ -405,15 +411,7 @@ def launch_order(step, min_us=5.0):
     """The GPU kernels of one forward+backward step in launch order with their us (mean of 3
     steps, torch.profiler): which launch of a kind costs what (a cast of x against one of
     dY), where kernel_breakdown sums them by name. Kernels under min_us left out."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = [e for e in _profiled_steps(step).events() if e.device_type == torch.autograd.DeviceType.CUDA]
     n = len(events) // 3
     rows = [[str(i), events[i].name[:60], f"{sum(events[i + k * n].device_time for k in range(3)) / 3:.1f}"]
             for i in range(n)]

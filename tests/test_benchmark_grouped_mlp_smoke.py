@@ -137,25 +137,31 @@ def test_compile_time_benchmark_runs_on_cpu():
         compile_time.main(["--device", "cpu", "--layers", "0"])
 
 
-def test_cast_sass_counts_the_column_block_loop(tmp_path):
-    """benchmarks/cast_sass.py (SM90 instructions per cast element, compiled here with
-    Triton's ptxas): one column block per program compiles to straight-line code, four to a
-    loop whose body holds most of the kernel, and the loop spreads the per-program work
-    over more elements. In a child process: the script makes a stand-in driver Triton's
-    active one."""
+def _main_in_child(script: str, argv: list[str], tmp_path) -> list[list[str]]:
+    """benchmarks/<script>.py's main(argv) rows, run in a child process without the
+    interpreter: the SASS scripts compile for sm_90a and make a stand-in driver Triton's
+    active one, which this process must not get."""
     import json
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import cast_sass; "
-            "json.dump(cast_sass.main(['--variants', 'row', '--groups', '8', '--k-blocks', '1', '4']), "
-            f"open({str(tmp_path / 'rows.json')!r}, 'w'))")
+    code = (f"import json, sys; sys.path.insert(0, 'benchmarks'); import {script}; "
+            f"json.dump({script}.main({argv!r}), open({str(tmp_path / 'rows.json')!r}, 'w'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root
     run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((tmp_path / "rows.json").read_text())
+
+
+def test_cast_sass_counts_the_column_block_loop(tmp_path):
+    """benchmarks/cast_sass.py (SM90 instructions per cast element, compiled here with
+    Triton's ptxas): one column block per program compiles to straight-line code, four to a
+    loop whose body holds most of the kernel, and the loop spreads the per-program work
+    over more elements."""
+    rows = _main_in_child("cast_sass", ["--variants", "row", "--groups", "8", "--k-blocks", "1", "4"], tmp_path)
     one, four = [dict(zip(["variant", "groups", "k_blocks", "sass", "loop", "per_element", "registers", "spills"], r))
-                 for r in json.loads((tmp_path / "rows.json").read_text())]
+                 for r in rows]
     assert (one["k_blocks"], one["loop"]) == ("1", "0")
     assert four["k_blocks"] == "4" and int(four["loop"]) > int(four["sass"]) // 2
     assert float(four["per_element"]) < float(one["per_element"])
@@ -165,21 +171,10 @@ def test_epilogue_sass_finds_the_split_dact_epilogue_spills_less(tmp_path):
     """benchmarks/epilogue_sass.py (registers and spills of the fused epilogue GEMMs at each
     tile config, compiled here for sm_90a): at 128x256 tiles the dact kernel's epilogue
     spills, and run on the tile's column quarters in turn it spills less (no bytes with
-    Triton 3.6 and 3.9). In a child process, as the cast_sass test."""
-    import json
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import epilogue_sass; "
-            "json.dump(epilogue_sass.main(['--kernels', 'dact', '--activations', 'srelu', '--configs', "
-            "'128x256x64 w8 s3', '128x256x64 w8 s3 /4']), "
-            f"open({str(tmp_path / 'rows.json')!r}, 'w'))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root
-    run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    whole, quarters = [dict(zip(["kernel", "act", "config", "sass", "loop", "registers", "spills"], r))
-                       for r in json.loads((tmp_path / "rows.json").read_text())]
+    Triton 3.6 and 3.9)."""
+    rows = _main_in_child("epilogue_sass", ["--kernels", "dact", "--activations", "srelu", "--configs",
+                                            "128x256x64 w8 s3", "128x256x64 w8 s3 /4"], tmp_path)
+    whole, quarters = [dict(zip(["kernel", "act", "config", "sass", "loop", "registers", "spills"], r)) for r in rows]
     assert (whole["config"], quarters["config"]) == ("128x256x64 w8 s3", "128x256x64 w8 s3 /4")
     assert int(whole["spills"]) > 0 and int(quarters["spills"]) < int(whole["spills"]), (whole, quarters)
 
