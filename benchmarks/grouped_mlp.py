@@ -277,8 +277,9 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     training step: recompute on, the Triton target with its fused fc1 and fc2-dgrad kernels,
     as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
     forward amax x, W1, W2, D (pre + post RHT, one pass: the fc1 kernel gives no amax); casts
-    x, W1, W2 (row + column), D (row only), each writing its row-wise copy as the bf16 deq()
-    values the forward GEMMs read (Steps.deq_operands): no dequantize launch in the forward.
+    x, W1, W2 (row + column; x's in a row-wise and a column-wise launch, each reading x),
+    D (row only), each writing its row-wise copy as the bf16 deq() values the forward GEMMs
+    read (Steps.deq_operands): no dequantize launch in the forward.
     Backward amax dY, dC; casts dY, dC (row + column, SR: a row-wise and a column-wise
     launch, each reading the source, kernels/config.py's cast_launches), the regenerated D
     (column only, the forward's amax); dequantize dY + D, dC + x column-wise and dY + W2,
@@ -298,8 +299,8 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
         return n * (NVFP4_BYTES + 2)
 
     total = 0.0
-    row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) + column cast, column dequantized
-    total += 2 * row + 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
+    row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) + column cast in two launches, column dequantized
+    total += 2 * row + 2 * 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
     for k in (hidden, f1):  # dY, dC: amax, row + column cast in two SR launches, both dequantized
         row, col = tokens * k, padded * k
         total += 2 * row + 2 * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)

@@ -54,3 +54,16 @@ def test_override_errors():
         with config.override(fprop=PINS["cast"]):
             pass
     assert _current()["fprop"] == config.bf16_gemm_config("fprop", CPU)
+
+
+def test_cast_launches():
+    """Which copies each launch of a cast writes: a token tensor's row + column cast is split
+    when stochastically rounded or when its row-wise copy is deq() values; a weight stack's
+    (shared codes) and a packed RNE one are one launch; a single copy is one launch."""
+    both, row, col = (True, True), (True, False), (False, True)
+    assert config.cast_launches(True, True, sr=True) == (row, col)
+    assert config.cast_launches(True, True, sr=False) == (both,)
+    assert config.cast_launches(True, True, sr=False, row_deq=True) == (row, col)
+    assert config.cast_launches(True, True, sr=False, row_deq=True, stacked=True) == (both,)
+    assert config.cast_launches(True, False, sr=True, row_deq=True) == (row,)
+    assert config.cast_launches(False, True, sr=True) == (col,)

@@ -445,9 +445,10 @@ def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, acti
 # probs, default recipe (RHT, SR, 2D weight blocks, recompute), every fused kernel planned
 # (the H200's plan). Without CUDA graphs such a step is host-bound on the H200
 # (benchmarks/NOTES.md), so a change that adds a launch must change these numbers. The
-# backward's casts: dY and dC (SR, row + column: two launches each, config.cast_launches)
-# and D's column-wise copy (recompute).
-STEP_LAUNCHES_FORWARD = {"_group_amax_kernel": 4, "_group_cast_kernel": 4,  # the casts write the GEMMs' deq() operands
+# forward's casts: x (row-wise copy as deq() values + column-wise: two launches,
+# config.cast_launches), the weight stacks (one each), D (row only); the backward's: dY and
+# dC (SR, row + column: two launches each) and D's column-wise copy (recompute).
+STEP_LAUNCHES_FORWARD = {"_group_amax_kernel": 4, "_group_cast_kernel": 5,  # the casts write the GEMMs' deq() operands
                          "_grouped_gemm_act_kernel": 1, "_grouped_gemm_bf16_kernel": 1}
 STEP_LAUNCHES_BACKWARD = {"_group_amax_kernel": 2, "_group_cast_kernel": 5, "_dequantize_kernel": 4,
                           "_grouped_gemm_dact_kernel": 1, "_dp_sum_kernel": 1,

@@ -7,8 +7,8 @@ with the same arguments and return types, bit for bit the same results.
     group_hadamard_amax(x, sizes, mask)  <-> numerics.group_hadamard_amax_torch (pre, post)
 
 Each call is one ``nvfp4_kernels::group_amax`` launch (only for amaxes not supplied) and
-one ``nvfp4_kernels::group_cast`` op (one launch; two for a stochastically rounded row +
-column cast, ``config.cast_launches``), plus a zero fill per amax computed (the atomic
+one ``nvfp4_kernels::group_cast`` op (one launch; two for a row + column cast that is
+stochastically rounded or writes its row-wise copy as deq() values, ``config.cast_launches``), plus a zero fill per amax computed (the atomic
 maxima start at 0). The amaxes returned are the cast's amax outputs (copies it
 writes of the amaxes it used), so like the references' they alias no supplied amax and
 no other output, with no copy launch of their own. Nothing reads group sizes on the host.

@@ -130,7 +130,7 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
-    if rowwise and columnwise:  # RNE: an SR cast of both copies is two launches (cast_launches)
+    if rowwise and columnwise:  # RNE, packed (an SR or deq() row + column cast is two launches: cast_launches)
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
     if rowwise:
         if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
@@ -143,15 +143,24 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     return CastConfig(block_m=64, block_k=128, num_warps=2, k_blocks=4)
 
 
-def cast_launches(rowwise: bool, columnwise: bool, sr: bool) -> tuple[tuple[bool, bool], ...]:
-    """The (rowwise, columnwise) copies each launch of a cast writes. A stochastically rounded
-    row + column cast is two launches, a row-only and a column-only one: in one kernel its
-    two Philox streams and 16 token tiles cost 98 SASS instructions per element with 192
-    bytes of spills (128-register cap), apart 48 + 37 (benchmarks/cast_sass.py, sm_90a, 8
-    groups). Run W1 (H200), the two launches against the one: 0.93 (S1 x), 0.84 (S4 x),
-    0.88 (S4 h) of the time. For RNE the one launch is as fast or faster (1.04 / 0.95 /
-    1.35), so it stays one. The interpreter splits too: one path everywhere."""
-    if sr and rowwise and columnwise:
+def cast_launches(rowwise: bool, columnwise: bool, sr: bool, row_deq: bool = False,
+                  stacked: bool = False) -> tuple[tuple[bool, bool], ...]:
+    """The (rowwise, columnwise) copies each launch of a cast writes. A row + column cast of
+    a token tensor is two launches, a row-only and a column-only one, when stochastically
+    rounded or when its row-wise copy is written as deq() values (`row_deq`); otherwise one.
+    SR: in one kernel its two Philox streams and 16 token tiles cost 98 SASS instructions
+    per element with 192 bytes of spills (128-register cap), apart 48 + 37
+    (benchmarks/cast_sass.py, sm_90a, 8 groups); run W1 (H200), the two launches against
+    the one: 0.93 (S1 x), 0.84 (S4 x), 0.88 (S4 h) of the time. RNE with packed copies: the
+    one launch is as fast or faster (1.04 / 0.95 / 1.35). RNE with the row-wise copy as
+    deq(): the one launch reaches 255 registers with 40 bytes of spills (61.8 SASS per
+    element at 128 groups; the row-only deq() cast 36.1 at 72 registers, none) and took 0.16x
+    / 0.15x longer than with packed copies (run Y2: S1 x 239 -> 278 us, S4 x 537 -> 620),
+    while a row-only cast's deq() stores cost ~5% (S4 D 94 -> 99 us). From W1's single-copy
+    times, two launches should take ~243 / ~495 us at S1 x / S4 x (not yet measured on the
+    H200). A weight stack (`stacked`) stays one launch: its two copies share their codes.
+    The interpreter splits too: one path everywhere."""
+    if rowwise and columnwise and (sr or (row_deq and not stacked)):
         return (True, False), (False, True)
     return ((rowwise, columnwise),)
 

@@ -37,9 +37,9 @@ stack): a 16x16 tile has one scale for both copies, so an element's column-wise 
 row-wise code; the column-wise words collect the row-wise codes instead of encoding again
 (sm_90a SASS per element 37.1 -> 23.6, benchmarks/cast_sass.py).
 
-Launches and tiles: ``config.cast_launches`` (an SR row + column cast is a row-wise launch
-and a column-wise one) and ``config.cast_config`` (no tile choice changes a bit). A program
-casts K_BLOCKS column blocks of BK one after the other (``_cast_block`` each), so the search
+Launches and tiles: ``config.cast_launches`` (an SR row + column cast, or one writing its
+row-wise copy as deq() values, is a row-wise launch and a column-wise one) and
+``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS column blocks of BK one after the other (``_cast_block`` each), so the search
 for its runs' groups and its other setup are paid once for all of them; with one block
 there is no loop (ptxas allocates a loop body's registers worse). EVEN_K drops the column
 masks when BK divides K.
@@ -485,7 +485,7 @@ def group_cast(
     sizes = x if stacked else group_sizes.contiguous()
     # 2D, RNE, both copies from one amax tensor: each element's two codes are the same
     shared_codes = block_2d and not stochastic_rounding and not rht and row_amax is col_amax
-    for row, col in cast_launches(rowwise, columnwise, stochastic_rounding):  # each writes pad_off
+    for row, col in cast_launches(rowwise, columnwise, stochastic_rounding, row_deq, stacked):  # each writes pad_off
         cfg = cast_config(rows_total, k, rht=col and rht, sr=stochastic_rounding, rowwise=row, columnwise=col)
         launch(
             _group_cast_kernel,
