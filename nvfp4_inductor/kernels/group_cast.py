@@ -498,7 +498,10 @@ def group_cast(
             row_amax_out_ptr=row_amax_out if row else x, col_amax_out_ptr=col_amax_out if col else x,
             K=k, G=groups, rows_total=rows_total, cap=capacity,
             col_group_stride=k * capacity // BLOCK,
-            ROWWISE=row, COLUMNWISE=col, RHT=rht, SIGN_MASK=sign_mask, BLOCK_2D=block_2d,
+            # the RHT and its signs touch only the column-wise copy: a row-only launch compiles
+            # to the same binary with or without them (one kernel, not two, to compile)
+            ROWWISE=row, COLUMNWISE=col, RHT=rht and col, SIGN_MASK=sign_mask if rht and col else 0,
+            BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
