@@ -299,7 +299,7 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
         return n * (NVFP4_BYTES + 2)
 
     total = 0.0
-    row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) + column cast in two launches, column dequantized
+    row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) and column casts, column dequantized
     total += 2 * row + 2 * 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
     for k in (hidden, f1):  # dY, dC: amax, row + column cast in two SR launches, both dequantized
         row, col = tokens * k, padded * k

@@ -8,10 +8,11 @@ with the same arguments and return types, bit for bit the same results.
 
 Each call is one ``nvfp4_kernels::group_amax`` launch (only for amaxes not supplied) and
 one ``nvfp4_kernels::group_cast`` op (one launch; two for a row + column cast that is
-stochastically rounded or writes its row-wise copy as deq() values, ``config.cast_launches``), plus a zero fill per amax computed (the atomic
-maxima start at 0). The amaxes returned are the cast's amax outputs (copies it
-writes of the amaxes it used), so like the references' they alias no supplied amax and
-no other output, with no copy launch of their own. Nothing reads group sizes on the host.
+stochastically rounded or writes its row-wise copy as deq() values,
+``config.cast_launches``), plus a zero fill per amax computed (the atomic maxima start at
+0). The amaxes returned are the cast's amax outputs (copies it writes of the amaxes it
+used), so like the references' they alias no supplied amax and no other output, with no
+copy launch of their own. Nothing reads group sizes on the host.
 Differences from the references, on purpose:
 * ``quantize(..., block_2d=True, columnwise=True, rht=True)`` raises NotImplementedError:
   numerics.md 3 says weights (the 2D-quantized tensors) are never transformed.

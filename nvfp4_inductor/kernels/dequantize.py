@@ -155,7 +155,8 @@ def bf16_operands(
     a_deq, b_deq = a_data.dtype == torch.bfloat16, b_data.dtype == torch.bfloat16
     if not (a_deq or b_deq):
         return dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
-    return (a_data if a_deq else dequantize_bf16(a_data, a_scale)), (b_data if b_deq else dequantize_bf16(b_data, b_scale))
+    a = a_data if a_deq else dequantize_bf16(a_data, a_scale)
+    return a, (b_data if b_deq else dequantize_bf16(b_data, b_scale))
 
 
 def dequantize_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

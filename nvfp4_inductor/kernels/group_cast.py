@@ -39,10 +39,10 @@ row-wise code; the column-wise words collect the row-wise codes instead of encod
 
 Launches and tiles: ``config.cast_launches`` (an SR row + column cast, or one writing its
 row-wise copy as deq() values, is a row-wise launch and a column-wise one) and
-``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS column blocks of BK one after the other (``_cast_block`` each), so the search
-for its runs' groups and its other setup are paid once for all of them; with one block
-there is no loop (ptxas allocates a loop body's registers worse). EVEN_K drops the column
-masks when BK divides K.
+``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS column
+blocks of BK one after the other (``_cast_block`` each), so the search for its runs' groups
+and its other setup are paid once for all of them; with one block there is no loop (ptxas
+allocates a loop body's registers worse). EVEN_K drops the column masks when BK divides K.
 
 Philox counters (numerics.sr_random_bytes): row-wise block = src_row * K/16 + k // 16,
 stream 0; column-wise block = k * cap/16 + padded_row // 16, stream 1.
