@@ -67,6 +67,23 @@ def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, 
 
 
 @triton.jit
+def _dact_epilogue_half(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+                        ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
+                        BM: tl.constexpr, BW: tl.constexpr, PARTS: tl.constexpr):
+    """The epilogue of a half tile (BM, BW) at column col0, whole (PARTS 1) or in its two
+    halves one after the other (PARTS 2)."""
+    if PARTS == 1:
+        _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+                       ACT, HAS_PROBS, REGEN, GPU, BM, BW)
+    else:
+        first, second = _halves(acc, BM, BW)
+        _dact_epilogue(first, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+                       ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+        _dact_epilogue(second, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BW // 2, F, NR, clamp,
+                       ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+
+
+@triton.jit
 def _grouped_gemm_dact_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
     dc_ptr, part_ptr, d_ptr,
@@ -98,24 +115,11 @@ def _grouped_gemm_dact_kernel(
             _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR, clamp,
                            ACT, HAS_PROBS, REGEN, GPU, BM, BN)
         else:
-            W: tl.constexpr = BN // SPLIT
             left, right = _halves(acc, BM, BN)
-            if SPLIT == 2:
-                _dact_epilogue(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
-                _dact_epilogue(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + W, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
-            else:  # 4
-                q0, q1 = _halves(left, BM, BN // 2)
-                _dact_epilogue(q0, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
-                _dact_epilogue(q1, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + W, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
-                q2, q3 = _halves(right, BM, BN // 2)
-                _dact_epilogue(q2, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + 2 * W, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
-                _dact_epilogue(q3, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + 3 * W, F, NR,
-                               clamp, ACT, HAS_PROBS, REGEN, GPU, BM, W)
+            _dact_epilogue_half(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
+                                clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
+            _dact_epilogue_half(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + BN // 2, F,
+                                NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
 
 
 @triton.jit
