@@ -121,11 +121,18 @@ def dequantize_blocks(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tenso
     return (values.view(rows, cols // BLOCK, BLOCK) * block_factor.unsqueeze(-1)).view(rows, cols)
 
 
+def is_deq_values(data: torch.Tensor) -> bool:
+    """Whether a GEMM operand's data is already its deq() values ((..., C) bf16, what a cast
+    with ``rowwise_deq`` writes; its scale is empty and not read) rather than packed E2M1
+    codes ((..., C/2) uint8)."""
+    return data.dtype == torch.bfloat16
+
+
 def operand_values(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The fp32 deq() values of a GEMM operand of any leading shape, given either packed
-    (data (..., C/2) uint8, scale (..., C/16)) or already as its deq() values (data (..., C)
-    bf16, what a cast with ``rowwise_deq`` writes; scale empty and not read)."""
-    if data.dtype == torch.bfloat16:
+    (data (..., C/2) uint8, scale (..., C/16)) or already as its deq() values
+    (``is_deq_values``)."""
+    if is_deq_values(data):
         return data.float()
     lead, half = data.shape[:-1], data.shape[-1]
     return block_values(data.reshape(-1, half), scale.reshape(-1, half // 8)).reshape(*lead, 2 * half)

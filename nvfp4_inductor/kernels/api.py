@@ -167,7 +167,7 @@ def group_quantize(
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
-        rowwise and rowwise_deq,
+        rowwise_deq,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,

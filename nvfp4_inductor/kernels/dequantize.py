@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formats import is_deq_values
 from ._registry import cdiv, kernel_op, launch
 from .config import dequant_config
 
@@ -149,10 +150,10 @@ def dequantize_bf16_pair(
 def bf16_operands(
     a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A GEMM's two bf16 deq() operands: an operand already given as its deq() values (bf16
-    data, what a cast with ``row_deq`` writes) is used as is; the packed ones are
-    dequantized, both in one launch."""
-    a_deq, b_deq = a_data.dtype == torch.bfloat16, b_data.dtype == torch.bfloat16
+    """A GEMM's two bf16 deq() operands: an operand already given as its deq() values
+    (``formats.is_deq_values``) is used as is; the packed ones are dequantized, both in one
+    launch."""
+    a_deq, b_deq = is_deq_values(a_data), is_deq_values(b_data)
     if not (a_deq or b_deq):
         return dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     a = a_data if a_deq else dequantize_bf16(a_data, a_scale)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..constants import BLOCK, GEMM_ALPHA_DIVISOR
+from ..formats import is_deq_values
 from ._nvfp4 import bf16_round
 
 _ALPHA_DIVISOR: tl.constexpr = tl.constexpr(GEMM_ALPHA_DIVISOR)  # 2688**2, exact in fp32
@@ -111,12 +112,12 @@ def num_programs(cfg, device: torch.device) -> int:
 
 def _width(data) -> int:
     """The logical width of an operand: packed uint8 (..., C/2), or deq() values bf16 (..., C)."""
-    return data.shape[-1] if data.dtype == torch.bfloat16 else 2 * data.shape[-1]
+    return data.shape[-1] if is_deq_values(data) else 2 * data.shape[-1]
 
 
 def _check_scale(name, which, data, scale) -> None:
     """A packed operand's scale is (..., C/16); a deq() operand's is not read."""
-    if data.dtype != torch.bfloat16 and scale.shape != (*data.shape[:-1], _width(data) // BLOCK):
+    if not is_deq_values(data) and scale.shape != (*data.shape[:-1], _width(data) // BLOCK):
         raise ValueError(f"{name}: {which}'s scale must be {(*data.shape[:-1], _width(data) // BLOCK)}, "
                          f"got {tuple(scale.shape)}")
 
