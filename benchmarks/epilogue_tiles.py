@@ -7,9 +7,9 @@ ready bf16 deq() operands (random, non-zero; do_bench medians), one process:
           at the default config (what the fused kernel's GEMM part costs at best)
   act     ``_grouped_gemm_act_op``  (C, D)
   dact    ``_grouped_gemm_dact_op`` (dC, dprob, regenerated D)
-for each tile config in CONFIGS (--configs picks some). Columns: ms and the ratio to `plain` at the default
-config; "no D" times dact without regenerating D, so the epilogue's parts can be told
-apart. (Run X1 timed the act kernel's former D-amax epilogue here too: 0.678 against
+for each tile config in CONFIGS (--configs picks some). Columns: ms and the ratio to
+`plain` at the default config; "no D" times dact without regenerating D, so the epilogue's
+parts can be told apart. (Run X1 timed the act kernel's former D-amax epilogue here too: 0.678 against
 0.484 ms without it at S4, so it was removed.) A config that fails to compile (shared
 memory) is reported, not hidden.
 

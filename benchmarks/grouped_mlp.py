@@ -46,10 +46,11 @@ skipped (CUDA graphs need a GPU).
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
 (recompute on, graphs off) sorted by time; --launches the same step's kernels in launch
-order, each with its time (which cast costs what). --host-profile adds the same step's host-side
-Python functions by own time (cProfile). --host-sample attaches py-spy (``--native``) to this
-process while that step runs back to back: Python and native frames (custom-op dispatch,
-autograd's device thread, Triton's launcher: what cProfile cannot see into) by own samples.
+order, each with its time (which cast costs what). --host-profile adds the same step's
+host-side Python functions by own time (cProfile). --host-sample attaches py-spy
+(``--native``) to this process while that step runs back to back: Python and native frames
+(custom-op dispatch, autograd's device thread, Triton's launcher: what cProfile cannot see
+into) by own samples.
 py-spy is a binary on PATH; a machine without network gets it from a wheel carried along
 (one wheel serves every Python 3): ``pip download py-spy --only-binary=:all: -d
 benchmarks/wheels/`` here (ignored by git), then there ``pip install --no-index --target
@@ -384,14 +385,17 @@ def host_breakdown(step, device, steps=20, top=16):
         f"\nhost total {total:.3f} ms/step (under cProfile, which inflates call-heavy code)"
 
 
-def _profiled_steps(step, steps=3):
-    """torch.profiler's record of `steps` warm steps' GPU activity."""
+PROFILED_STEPS = 3  # --profile and --launches average this many warm steps
+
+
+def _profiled_steps(step):
+    """torch.profiler's record of PROFILED_STEPS warm steps' GPU activity."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+        for _ in range(PROFILED_STEPS):
             step()
         torch.cuda.synchronize()
     return prof
@@ -402,19 +406,22 @@ def kernel_breakdown(step, top=14):
     prof = _profiled_steps(step)
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     events.sort(key=lambda e: e.device_time_total, reverse=True)
-    total = sum(e.device_time_total for e in events) / 3
-    rows = [[e.key[:60], str(e.count // 3), f"{e.device_time_total / 3 / 1e3:.3f}",
-             f"{100 * e.device_time_total / 3 / total:.0f}%"] for e in events[:top]]
+    steps = PROFILED_STEPS
+    total = sum(e.device_time_total for e in events) / steps
+    rows = [[e.key[:60], str(e.count // steps), f"{e.device_time_total / steps / 1e3:.3f}",
+             f"{100 * e.device_time_total / steps / total:.0f}%"] for e in events[:top]]
     return format_table(["kernel", "calls/step", "ms/step", "share"], rows) + f"\ntotal {total / 1e3:.3f} ms/step"
 
 
 def launch_order(step, min_us=5.0):
-    """The GPU kernels of one forward+backward step in launch order with their us (mean of 3
-    steps, torch.profiler): which launch of a kind costs what (a cast of x against one of
-    dY), where kernel_breakdown sums them by name. Kernels under min_us left out."""
+    """The GPU kernels of one forward+backward step in launch order with their us (mean over
+    PROFILED_STEPS steps, torch.profiler): which launch of a kind costs what (a cast of x
+    against one of dY), where kernel_breakdown sums them by name. Kernels under min_us left
+    out."""
     events = [e for e in _profiled_steps(step).events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    n = len(events) // 3
-    rows = [[str(i), events[i].name[:60], f"{sum(events[i + k * n].device_time for k in range(3)) / 3:.1f}"]
+    steps = PROFILED_STEPS
+    n = len(events) // steps
+    rows = [[str(i), events[i].name[:60], f"{sum(events[i + k * n].device_time for k in range(steps)) / steps:.1f}"]
             for i in range(n)]
     return format_table(["#", "kernel", "us"], [r for r in rows if float(r[2]) >= min_us])
 
