@@ -106,10 +106,18 @@ def main() -> None:
         dw2, dprobs, *dcq = fused.grouped_mlp_bwd_fc2._init_fn(dy, c, probs, sizes, offsets, *w2_col, *d_col,
                                                                **options)
         del c, w2_col, d_col
-        dw1 = ops.grouped_gemm_wgrad_op._init_fn(*dcq[3:], *x_col, offsets, target)
-        del x_col, dcq[3:]
-        dx = ops.grouped_gemm_op._init_fn(*dcq, *w1_col, sizes, target)
-        del dcq, w1_col
+        # fc1's two GEMMs in the order the backward runs them
+        dgrad_args, wgrad_args = [*dcq[:3], *w1_col, sizes, target], [*dcq[3:], *x_col, offsets, target]
+        wgrad_last = fused.fc1_wgrad_last(dcq[0], dcq[3], x_col[0], w1_col[0])
+        del dcq, x_col, w1_col
+        if wgrad_last:
+            dx = ops.grouped_gemm_op._init_fn(*dgrad_args)
+            del dgrad_args
+            dw1 = ops.grouped_gemm_wgrad_op._init_fn(*wgrad_args)
+        else:
+            dw1 = ops.grouped_gemm_wgrad_op._init_fn(*wgrad_args)
+            del wgrad_args
+            dx = ops.grouped_gemm_op._init_fn(*dgrad_args)
     print(f"{args.shape} {args.activation} recompute={args.recompute}: forward peak {forward_peak / MiB:.0f} MiB, "
           f"saved + Y after forward {after_forward / MiB:.0f} MiB, step peak {mode.peak / MiB:.0f} MiB")
     by_site = collections.Counter()

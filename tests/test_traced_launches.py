@@ -440,7 +440,7 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     # a value; no constexpr (a compile-time constant of the kernel) depends on it; and the
     # same launches, in the same order, as with static shapes. (The one guard T gets is
     # _seed_tensor's range check, SR blocks < 2**32, a real limit. The tile heuristics read
-    # the traced example's size, kernels/_registry.size_hint, and guard nothing: before,
+    # the traced example's size, sizes.size_hint, and guard nothing: before,
     # amax_config's split put a range guard at ~65.4k tokens, a recompile for a dynamic T
     # crossing it.)
     symbolic = results["symbolic"]

@@ -25,9 +25,9 @@ activation-gradient step (fused into the fc2 dgrad GEMM where the plan says
 over D runs in the backward. A plan whose fused fc1 does not make D from the saved C
 (``Plan.d_regenerable`` False: cuDNN's) keeps D's column-wise copy instead (rule 5).
 The backward runs its own ops (``grouped_mlp_bwd``: ``nvfp4::grouped_mlp_bwd_fc2`` up to
-dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops), never the forward op
-again: that would be merged with it by the partitioner's CSE and the activation saved
-after all.
+dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops, in the order
+``fc1_wgrad_last`` picks), never the forward op again: that would be merged with it by the
+partitioner's CSE and the activation saved after all.
 Three ops rather than one let the compiled backward free each saved tensor after its last
 reader (benchmarks/memory_model.py) where the ops stay whole. On the Triton target they do
 not: made with ``lowerings.inline.target_op``, each is traced as its body, so Inductor's
@@ -52,6 +52,7 @@ from ..lowerings.inline import target_op
 from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
+from ..sizes import size_hint
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 
 LIB = "nvfp4"
@@ -277,15 +278,46 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
     Three ops, so that a compiled backward frees each saved tensor after the op that last
     reads it: C, W2's copies and D's are gone before fc1's GEMMs, and x's column-wise copy
     and dC's before fc1's dgrad (Inductor deletes buffers after their last use; one op
-    would hold all its arguments until it returns). fc1's wgrad runs before its dgrad."""
+    would hold all its arguments until it returns). fc1's two GEMMs run in the order
+    ``fc1_wgrad_last`` picks."""
     o = options
     dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
         dy, saved.c, probs, group_sizes, saved.offsets, saved.w2_col_data, saved.w2_col_scale, saved.w2_amax,
         saved.d_col_amax, saved.d_col_data, saved.d_col_scale, **o._asdict())
-    dw1 = ops.grouped_gemm_wgrad_op(*dcq[3:], saved.x_col_data, saved.x_col_scale, saved.x_col_amax, saved.offsets,
-                                    o.target)
-    dx = ops.grouped_gemm_op(*dcq[:3], saved.w1_col_data, saved.w1_col_scale, saved.w1_amax, group_sizes, o.target)
+
+    def wgrad():
+        return ops.grouped_gemm_wgrad_op(*dcq[3:], saved.x_col_data, saved.x_col_scale, saved.x_col_amax,
+                                         saved.offsets, o.target)
+
+    def dgrad():
+        return ops.grouped_gemm_op(*dcq[:3], saved.w1_col_data, saved.w1_col_scale, saved.w1_amax, group_sizes,
+                                   o.target)
+
+    if fc1_wgrad_last(dcq[0], dcq[3], saved.x_col_data, saved.w1_col_data):
+        dx = dgrad()
+        dw1 = wgrad()
+    else:
+        dw1 = wgrad()
+        dx = dgrad()
     return [dx, dw1, dw2, dprobs]
+
+
+def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor, w1_col_data: Tensor) -> bool:
+    """Whether fc1's wgrad runs after its dgrad. On bf16 tensor cores each GEMM makes bf16
+    deq() copies of its packed operands for its duration, and the one that runs second
+    makes them beside both of fc1's gradients, dX and dW1 (and dW2 and Y): the step's
+    memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%). The wgrad's copies are x's and dC's
+    column-wise ones (about T x (H + F1) elements), the dgrad's W1's and dC's row-wise ones
+    (G x F1 x H + T x F1): the smaller set goes second, so the wgrad goes last about when T
+    < G x F1 (S4: 65536 tokens against 128 x 768). Packed sizes stand for the copies'
+    (both 2 elements a byte); a traced token count is read without a guard (neither GEMM
+    draws random bits, so the order changes no result, only the peak), and a data-dependent
+    one, which has no example value, keeps the dgrad last."""
+    wgrad_copies = [size_hint(x_col_data.numel()), size_hint(dc_col_data.numel())]
+    dgrad_copies = [size_hint(w1_col_data.numel()), size_hint(dc_row_data.numel())]
+    if None in wgrad_copies + dgrad_copies:
+        return False
+    return sum(wgrad_copies) < sum(dgrad_copies)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
@@ -368,7 +400,7 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
         *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),
         ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),
-        ("fc1 wgrad -> dW1 (own op)", "grouped_gemm_wgrad"),
+        ("fc1 wgrad -> dW1 (own op; fc1's two GEMMs in either order, fc1_wgrad_last)", "grouped_gemm_wgrad"),
         ("fc1 dgrad -> dX (own op)", "grouped_gemm"),
     ]
 

@@ -58,14 +58,6 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def size_hint(n) -> int:
-    """A size as an int for a heuristic's choice: a traced symbolic size gives the value of
-    the example being traced, with no guard on it, so one compiled graph serves every size
-    (a tile choice changes no bit). Unbacked sizes never reach a traced body
-    (``lowerings/inline._sizes_known``)."""
-    return n.node.hint if isinstance(n, torch.SymInt) else int(n)
-
-
 def next_power_of_2(n: int) -> int:
     """Host-side smallest power of 2 >= n (1 for n <= 1), for constexpr block sizes."""
     return 1 << max(n - 1, 0).bit_length()

@@ -21,7 +21,8 @@ import dataclasses
 
 import torch
 
-from ._registry import INTERPRET, size_hint
+from ..sizes import size_hint
+from ._registry import INTERPRET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +157,8 @@ def cast_launches(rowwise: bool, columnwise: bool, sr: bool, row_deq: bool = Fal
     deq(): the one launch reaches 255 registers with 40 bytes of spills (61.8 SASS per
     element at 128 groups; the row-only deq() cast 36.1 at 72 registers, none) and took 0.16x
     / 0.15x longer than with packed copies (run Y2: S1 x 239 -> 278 us, S4 x 537 -> 620),
-    while a row-only cast's deq() stores cost ~5% (S4 D 94 -> 99 us). From W1's single-copy
-    times, two launches should take ~243 / ~495 us at S1 x / S4 x (not yet measured on the
-    H200). A weight stack (`stacked`) stays one launch: its two copies share their codes.
+    while a row-only cast's deq() stores cost ~5% (S4 D 94 -> 99 us). Two launches, run Z1:
+    S1 x 121 + 121 = 242 us, S4 x 258 + 245 = 503 us. A weight stack (`stacked`) stays one launch: its two copies share their codes.
     The interpreter splits too: one path everywhere."""
     if rowwise and columnwise and (sr or (row_deq and not stacked)):
         return (True, False), (False, True)
@@ -194,10 +194,17 @@ def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -
         return _PINNED[kind]
     if INTERPRET or device.type != "cuda":
         return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
-    if kind == "dact" or (kind == "act" and swiglu):
-        # 128x256 spills in these epilogues (two accumulators for SwiGLU's act; C, dC and D
-        # tiles in dact). benchmarks/epilogue_tiles.py, run EP1 (S1, H200), 128x256 w8 s3 ->
-        # 128x128 w8 s4: dact srelu 0.68 -> 0.61 ms, swiglu act 1.54 -> 1.23, dact 1.67 -> 0.89
+    if kind == "dact":
+        # The unsplit epilogue spills (C's, dC's and D's tiles live at once; sm_90a code,
+        # benchmarks/epilogue_sass.py); on column slices it does not. epilogue_tiles.py, run
+        # Z1 (H200), ms at S4 / S1 against the unsplit 128x128 w8 s4: SReLU 128x256 w8 s3 in
+        # quarters 0.545 / 0.497 (0.645 / 0.617), SwiGLU 128x128 in halves 0.764 / 0.660
+        # (1.144 / 0.882; quarters 0.773 / 0.674, 128x256 in quarters 1.30 / 0.90)
+        return Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=2) if swiglu else Bf16GemmConfig(
+            128, 256, 64, 8, 3, epilogue_split=4)
+    if kind == "act" and swiglu:
+        # two accumulators: 128x256 spills. Run EP1 (S1), 128x256 w8 s3 -> 128x128 w8 s4:
+        # 1.54 -> 1.23 ms; run Z1: 3.97 -> 1.11 (S1), 3.98 -> 1.11 (S4)
         return Bf16GemmConfig(128, 128, 64, 8, 4)
     # Inductor's grouped-mm template on the H200: 128x256x64, 8 warps, 3 stages
     return Bf16GemmConfig(128, 256, 64, 8, 3)
