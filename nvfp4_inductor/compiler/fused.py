@@ -276,9 +276,9 @@ def grouped_mlp_bwd(dy: Tensor, saved: SavedForBackward, probs: Optional[Tensor]
     """[dX, dW1, dW2, dprobs (empty without probs)] from the forward op's saved tensors.
 
     Three ops, so that a compiled backward frees each saved tensor after the op that last
-    reads it: C, W2's copies and D's are gone before fc1's GEMMs, and x's column-wise copy
-    and dC's before fc1's dgrad (Inductor deletes buffers after their last use; one op
-    would hold all its arguments until it returns). fc1's two GEMMs run in the order
+    reads it: C, W2's copies and D's are gone before fc1's GEMMs, and the operands of
+    fc1's first GEMM before its second (Inductor deletes buffers after their last use; one
+    op would hold all its arguments until it returns). fc1's two GEMMs run in the order
     ``fc1_wgrad_last`` picks."""
     o = options
     dw2, dprobs, *dcq = grouped_mlp_bwd_fc2(
@@ -306,13 +306,14 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
     """Whether fc1's wgrad runs after its dgrad. On bf16 tensor cores each GEMM makes bf16
     deq() copies of its packed operands for its duration, and the one that runs second
     makes them beside both of fc1's gradients, dX and dW1 (and dW2 and Y): the step's
-    memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%). The wgrad's copies are x's and dC's
-    column-wise ones (about T x (H + F1) elements), the dgrad's W1's and dC's row-wise ones
-    (G x F1 x H + T x F1): the smaller set goes second, so the wgrad goes last about when T
-    < G x F1 (S4: 65536 tokens against 128 x 768). Packed sizes stand for the copies'
-    (both 2 elements a byte); a traced token count is read without a guard (neither GEMM
-    draws random bits, so the order changes no result, only the peak), and a data-dependent
-    one, which has no example value, keeps the dgrad last."""
+    memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%).
+    The wgrad's copies are x's and dC's column-wise ones (about T x (H + F1) elements),
+    the dgrad's W1's and dC's row-wise ones (G x F1 x H + T x F1): the smaller set goes
+    second, so the wgrad goes last about when T < G x F1 (S4: 65536 tokens against 128 x
+    768). Packed sizes stand for the copies' (both 2 elements a byte); a traced token
+    count is read without a guard (neither GEMM draws random bits, so the order changes no
+    result, only the peak), and a data-dependent one, which has no example value, keeps
+    the dgrad last."""
     wgrad_copies = [size_hint(x_col_data.numel()), size_hint(dc_col_data.numel())]
     dgrad_copies = [size_hint(w1_col_data.numel()), size_hint(dc_row_data.numel())]
     if None in wgrad_copies + dgrad_copies:

@@ -158,8 +158,9 @@ def cast_launches(rowwise: bool, columnwise: bool, sr: bool, row_deq: bool = Fal
     element at 128 groups; the row-only deq() cast 36.1 at 72 registers, none) and took 0.16x
     / 0.15x longer than with packed copies (run Y2: S1 x 239 -> 278 us, S4 x 537 -> 620),
     while a row-only cast's deq() stores cost ~5% (S4 D 94 -> 99 us). Two launches, run Z1:
-    S1 x 121 + 121 = 242 us, S4 x 258 + 245 = 503 us. A weight stack (`stacked`) stays one launch: its two copies share their codes.
-    The interpreter splits too: one path everywhere."""
+    S1 x 121 + 121 = 242 us, S4 x 258 + 245 = 503 us. A weight stack (`stacked`) stays one
+    launch: its two copies share their codes. The interpreter splits too: one path
+    everywhere."""
     if rowwise and columnwise and (sr or (row_deq and not stacked)):
         return (True, False), (False, True)
     return ((rowwise, columnwise),)
