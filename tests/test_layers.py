@@ -18,7 +18,7 @@ LAYERS = [
     ("kernels", {"kernels"}),
     ("numerics", {"numerics", "activations"}),
     ("containers", {"tensor", "recipe", "saved"}),
-    ("formats", {"formats", "constants"}),
+    ("formats", {"formats", "constants", "sizes"}),
 ]
 
 
