@@ -236,8 +236,8 @@ def test_compiled_backward_runs_last_the_fc1_gemm_with_fewer_bf16_copies(use_ste
     reorder independent ops by its own memory estimate, and on the reference target, whose
     ops stay whole, it does): the second one's transient bf16 operand copies sit beside
     both gradients (the step's peak). 64 tokens, H = 32: with 4 experts of F = 48 the
-    dgrad's copies (W1 and dC row-wise, 4608 packed bytes) are the smaller set, with 8 of
-    F = 64 the wgrad's (x and dC column-wise, 9216 against 10240)."""
+    dgrad's copies (W1 and dC row-wise, 4608 packed bytes against the wgrad's 5120) are the
+    smaller set, with 8 of F = 64 the wgrad's (x and dC column-wise, 9216 against 10240)."""
     import dataclasses
 
     from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE

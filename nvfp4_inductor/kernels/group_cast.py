@@ -486,7 +486,10 @@ def group_cast(
     # 2D, RNE, both copies from one amax tensor: each element's two codes are the same
     shared_codes = block_2d and not stochastic_rounding and not rht and row_amax is col_amax
     for row, col in cast_launches(rowwise, columnwise, stochastic_rounding, row_deq, stacked):  # each writes pad_off
-        cfg = cast_config(rows_total, k, rht=col and rht, sr=stochastic_rounding, rowwise=row, columnwise=col)
+        # the RHT and its signs touch only the column-wise copy: a row-only launch compiles
+        # to the same binary with or without them (one kernel, not two, to compile)
+        col_rht = rht and col
+        cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col)
         launch(
             _group_cast_kernel,
             (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
@@ -498,10 +501,7 @@ def group_cast(
             row_amax_out_ptr=row_amax_out if row else x, col_amax_out_ptr=col_amax_out if col else x,
             K=k, G=groups, rows_total=rows_total, cap=capacity,
             col_group_stride=k * capacity // BLOCK,
-            # the RHT and its signs touch only the column-wise copy: a row-only launch compiles
-            # to the same binary with or without them (one kernel, not two, to compile)
-            ROWWISE=row, COLUMNWISE=col, RHT=rht and col, SIGN_MASK=sign_mask if rht and col else 0,
-            BLOCK_2D=block_2d,
+            ROWWISE=row, COLUMNWISE=col, RHT=col_rht, SIGN_MASK=sign_mask if col_rht else 0, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
