@@ -6,16 +6,22 @@ Cases, at the shapes and routing of benchmarks/grouped_mlp.py: S1 x (16384 token
 (the gradients' casts). For each:
   both      ``group_cast`` writing the row-wise and the column-wise (RHT) copy, heuristic tiles
   row, col  ``group_cast`` writing one copy, at the heuristic's tiles and at each of TILES
+  row deq   (RNE) the row-wise copy as deq() values, what the forward's casts write
   split     the fastest row-only + the fastest column-only time, and its ratio to "both"
-Weight stacks (S1 W1 8 x 2048 x 4096, S4 W1 128 x 768 x 2048; 2D blocks, RNE): both copies
-(the codes encoded once, ``group_cast``'s SHARED_CODES) against the row-wise copy alone.
-Every launch's bits are checked against the heuristic's: no tile or split may change one.
+Weight stacks (S1 W1 8 x 2048 x 4096, S4 W1 128 x 768 x 2048, S4 W2 128 x 2048 x 768; 2D
+blocks, RNE), the launch a step's forward runs: the row-wise copy as deq() values and the
+packed column-wise copy in one launch (the codes encoded once, ``group_cast``'s
+SHARED_CODES), at the heuristic's tiles and at each of STACK_TILES, and the row-wise copy
+alone.
+Every launch's bits are checked against the heuristic's (a deq() copy against the
+heuristic's deq() copy): no tile or split may change one.
 Times are triton.testing.do_bench medians (us). Run W1 of benchmarks/NOTES.md chose the
 current heuristics from these cases (with a routing of its own); the SR row-only
 candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS counts
 (benchmarks/cast_sass.py).
 
     python benchmarks/cast_tiles.py [--device cuda|cpu] [--cases "S4 x" "S4 W1" ...] [--roundings SR]
+        [--kinds row col "row deq"]
 
 ``--device cpu`` is a dry run under the Triton interpreter at a tiny shape (every kind of
 launch and its bit check, one candidate tile each, no timing):
@@ -46,13 +52,23 @@ from nvfp4_inductor.kernels.group_cast import group_cast  # noqa: E402
 # (name, grouped_mlp shape, which of its widths is K): activations; weight stacks (G, F, H)
 CASES = {"cuda": [("S1 x", "S1", "hidden"), ("S4 x", "S4", "hidden"), ("S4 h", "S4", "ffn")],
          "cpu": [("tiny x", "tiny", "hidden")]}
-STACKS = {"cuda": [("S1 W1", "S1"), ("S4 W1", "S4")], "cpu": [("tiny W1", "tiny")]}
+# weight stacks (name, shape, whether K is the hidden width: W1 (G, F, H); else W2 (G, H, F))
+STACKS = {"cuda": [("S1 W1", "S1", True), ("S4 W1", "S4", True), ("S4 W2", "S4", False)],
+          "cpu": [("tiny W1", "tiny", True)]}
 TILES = {  # single-copy candidates beside the heuristic's
     False: [CastConfig(32, 128, 1, k_blocks=4), CastConfig(16, 256, 1, k_blocks=2), CastConfig(16, 512, 1, k_blocks=2),
-            CastConfig(64, 128, 2, k_blocks=4)],
+            CastConfig(64, 128, 2, k_blocks=4), CastConfig(32, 128, 2, k_blocks=4), CastConfig(64, 128, 4, k_blocks=4),
+            CastConfig(32, 256, 4, k_blocks=2), CastConfig(128, 128, 8, k_blocks=4)],
     True: [CastConfig(32, 128, 1), CastConfig(32, 128, 1, k_blocks=4), CastConfig(16, 512, 1),
-           CastConfig(16, 512, 1, k_blocks=2), CastConfig(16, 1024, 1)],
+           CastConfig(16, 512, 1, k_blocks=2), CastConfig(16, 1024, 1), CastConfig(32, 128, 2, k_blocks=4),
+           CastConfig(64, 128, 4, k_blocks=4), CastConfig(16, 512, 2, k_blocks=2)],
 }
+STACK_TILES = [  # both-copy candidates beside the heuristic's; run K1 (S4 W1): 32x128 w1 k4 467 us, 32x128 w2
+    # 368, 32x128 w4 375, 64x128 w4 349, 32x64 w1 k8 403, 16-row tiles 455-473, a 168-register cap 449
+    CastConfig(32, 128, 2, k_blocks=4), CastConfig(64, 128, 4, k_blocks=4), CastConfig(64, 128, 8, k_blocks=4),
+    CastConfig(128, 128, 8, k_blocks=4), CastConfig(64, 128, 4, k_blocks=2), CastConfig(64, 128, 4, k_blocks=8),
+    CastConfig(64, 256, 8, k_blocks=2), CastConfig(64, 64, 2, k_blocks=8), CastConfig(128, 64, 4, k_blocks=8),
+]
 HEADERS = ["case", "rounding", "launch", "tiles", "us", "bits"]
 
 
@@ -69,6 +85,8 @@ def main(argv=None) -> list[list[str]]:
     parser.add_argument("--cases", nargs="+", help="case names (default: all of the device's)")
     parser.add_argument("--roundings", nargs="+", default=["RNE", "SR"], choices=["RNE", "SR"],
                         help="the activation cases' roundings")
+    parser.add_argument("--kinds", nargs="+", default=["row", "col", "row deq"], choices=["row", "col", "row deq"],
+                        help="the activation cases' single-copy launches to sweep")
     args = parser.parse_args(argv)
     device = args.device
     known = [c[0] for c in CASES[device]] + [s[0] for s in STACKS[device]]
@@ -100,39 +118,54 @@ def main(argv=None) -> list[list[str]]:
         cap = numerics.columnwise_capacity(tokens, groups)
         pre, post = api.group_hadamard_amax(x, sizes)
         for sr in (rounding == "SR" for rounding in args.roundings):
-            def cast(rowwise, columnwise):
+            def cast(rowwise, columnwise, row_deq=False):
                 return group_cast(x, sizes, pre, post, seed, rowwise, columnwise, True, RHT_DEFAULT_SIGN_MASK,
-                                  False, sr, cap, False)
+                                  False, sr, cap, False, row_deq)
 
             rounding = "SR" if sr else "RNE"
             both = cast(True, True)
             t_both = us(lambda: cast(True, True))
             row(name, rounding, "both", "heuristic", t_both, "reference")
             best = {}
-            for kind, copies, fields in (("row", (True, False), (0, 1)), ("col", (False, True), (2, 3))):
+            kinds = [("row", (True, False, False)), ("col", (False, True, False))]
+            if not sr:  # the forward's RNE row-wise casts write deq() values
+                kinds.append(("row deq", (True, False, True)))
+            for kind, copies in (k for k in kinds if k[0] in args.kinds):
+                reference = both if kind != "row deq" else cast(*copies)  # deq(): the heuristic's bits
+                fields = (2, 3) if kind == "col" else (0, 1)
                 for cfg in [None, *(TILES[sr] if device == "cuda" else TILES[sr][:1])]:
                     with config.override(cast=cfg):
                         out = cast(*copies)
                         t = us(lambda: cast(*copies))
-                    same = all(torch.equal(out[i], both[i]) for i in fields)
+                    same = all(torch.equal(out[i], reference[i]) for i in fields)
                     best[kind] = min(best.get(kind, float("inf")), t) if t == t else t
                     row(name, rounding, kind, tiles_name(cfg), t, "equal" if same else "DIFFER")
-            split = best["row"] + best["col"]
-            row(name, rounding, f"split / both {split / t_both:.3f}" if t_both == t_both else "split",
-                "fastest row + col", split, "-")
+            if "row" in best and "col" in best:
+                split = best["row"] + best["col"]
+                row(name, rounding, f"split / both {split / t_both:.3f}" if t_both == t_both else "split",
+                    "fastest row + col", split, "-")
         del x
-    for name, shape in (s for s in STACKS[device] if s[0] in chosen):
-        g, _, k, n, _ = SHAPES[shape]  # W1 (G, F, H) of srelu: N = F rows per expert, K = H
+    for name, shape, k_is_hidden in (s for s in STACKS[device] if s[0] in chosen):
+        g, _, hidden, ffn, _ = SHAPES[shape]
+        n, k = (ffn, hidden) if k_is_hidden else (hidden, ffn)  # N rows per expert, K columns
         w = torch.randn(g * n, k, device=device).to(torch.bfloat16)
         amax, _ = group_amax(w, None, True, False, 0, n, True)
 
         def cast_w(columnwise):
-            return group_cast(w, None, amax, amax, None, True, columnwise, False, 0, True, False, n, True)
+            return group_cast(w, None, amax, amax, None, True, columnwise, False, 0, True, False, n, True, True)
 
-        both, alone = cast_w(True), cast_w(False)
-        same = torch.equal(both[0], alone[0]) and torch.equal(both[1], alone[1])
+        both = cast_w(True)
         row(name, "RNE 2D", "both", "heuristic", us(lambda: cast_w(True)), "reference")
-        row(name, "RNE 2D", "row", "heuristic", us(lambda: cast_w(False)), "equal" if same else "DIFFER")
+        for cfg in STACK_TILES if device == "cuda" else STACK_TILES[:1]:
+            with config.override(cast=cfg):
+                out = cast_w(True)
+                t = us(lambda: cast_w(True))
+            same = all(torch.equal(out[i], both[i]) for i in range(4))
+            row(name, "RNE 2D", "both", tiles_name(cfg), t, "equal" if same else "DIFFER")
+        alone = cast_w(False)
+        row(name, "RNE 2D", "row", "heuristic", us(lambda: cast_w(False)),
+            "equal" if torch.equal(both[0], alone[0]) else "DIFFER")
+        del w
     print(format_table(HEADERS, rows))
     return rows
 
