@@ -63,7 +63,8 @@ def _tool(name: str) -> str:
 def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048):
     """(cubin bytes, config) of one cast variant for sm_90a."""
     rowwise, columnwise, rht, block_2d, sr, stacked, row_deq = (*VARIANTS[variant], False)[:7]
-    cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise)
+    cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise,
+                             stacked=stacked)
     if k_blocks is not None:
         cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
     x = torch.empty(4096, k, dtype=torch.bfloat16)

@@ -15,8 +15,9 @@ SHARED_CODES), at the heuristic's tiles and at each of STACK_TILES, and the row-
 alone.
 Every launch's bits are checked against the heuristic's (a deq() copy against the
 heuristic's deq() copy): no tile or split may change one.
-Times are triton.testing.do_bench medians (us). Run W1 of benchmarks/NOTES.md chose the
-current heuristics from these cases (with a routing of its own); the SR row-only
+Times are triton.testing.do_bench medians (us); the first timing of a process can read
+slow (run K4: 158 us for a config that then took 92). Runs W1 and K1-K4 of
+benchmarks/NOTES.md chose the current heuristics from these cases; the SR row-only
 candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS counts
 (benchmarks/cast_sass.py).
 

@@ -251,20 +251,25 @@ def measure(fn, args, grad, device="cuda", graphs=False) -> Measured:
     return Measured(ms, peak, saved, host, first_s, counters["inductor"]["cudagraph_skips"] > skips)
 
 
-def host_ms(step, device, steps=5) -> float:
-    """Host time to enqueue one step: steps run back to back without a sync, so the CPU
-    does not wait for the GPU as long as their launches fit in the launch queue (~1000
-    deep): true of the NVFP4 and BF16 rows (~40 launches a step). The fake-quant row's
-    figure came out at ~0.8x its GPU time (runs E10, E11): read it as "the host waited",
-    not as host time (unverified: its launch count was not taken). A step whose host time
-    reaches its GPU time is host-bound. With graphs on, a step is the graph trees' replays."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    elapsed = time.perf_counter() - start
-    sync(device)
-    return elapsed / steps * 1e3
+def host_ms(step, device, steps=5, rounds=5) -> float:
+    """Host time to enqueue one step: the median over `rounds` of `steps` steps run back to
+    back without a sync, so the CPU does not wait for the GPU as long as their launches fit
+    in the launch queue (~1000 deep): true of the NVFP4 and BF16 rows (~40 launches a step).
+    One round used to be the figure; it moved by ~0.5 ms between runs (a collection or
+    allocator call landing in it shows in one round, not in the median). The fake-quant
+    row's figure came out at ~0.8x its GPU time (runs E10, E11): read it as "the host
+    waited", not as host time (unverified: its launch count was not taken). A step whose
+    host time reaches its GPU time is host-bound. With graphs on, a step is the graph
+    trees' replays."""
+    times = []
+    for _ in range(rounds):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append((time.perf_counter() - start) / steps * 1e3)
+        sync(device)
+    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------------

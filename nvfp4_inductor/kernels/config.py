@@ -102,8 +102,9 @@ def override(**configs):
 
 
 def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: bool = True,
-                columnwise: bool = True) -> CastConfig:
-    """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`).
+                columnwise: bool = True, stacked: bool = False) -> CastConfig:
+    """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`) of a token
+    tensor, or of an expert weight stack (`stacked`: 2D blocks, both copies in one launch).
 
     8 elements per thread per token row (R * BK / (32 * warps)): every 1x16 row block
     spans 2 threads, so the per-block scale chain (two IEEE divisions) is computed by 2
@@ -116,32 +117,42 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     column 60.4 / 67.5 -> 52.9 / 54.7, 2D weight stacks 40.9 -> 37.1 (16 bytes of spills).
     Single-copy casts (run W1, H200; S1 x 16384 x 4096 / S4 x 65536 x 2048 / S4 h 65536 x 768):
     RNE row-only 16x256 1 warp, 2 blocks: 111 / 238 / 142 us against 32x128's 123 / 267 / 145;
-    RNE column-only 64x128 2 warps, 4 blocks: 127 / 245 / 144 against 143 / 287 / 154;
-    SR row-only 32x128 1 warp: 161 / 462 / 178 against 16x256 2 warps at 128 registers'
-    172 / 593 / 225; SR column-only 32x128 1 warp, 4 blocks: 164 / 317 / 131 against 167 /
-    359 / 147. SR row + column casts are two launches (``cast_launches``).
-    SR row-only where K % 1024 == 0: 16x512 1 warp, 2 blocks (16 elements per thread: one
-    thread owns a 1x16 block and its Philox call; SASS per element 50.4 -> 35.0). Runs X1/X2
-    (benchmarks/cast_tiles.py): S1 x 147 us, S4 x 360 against 32x128's 160 / 465. At
-    K = 768 (S4 h) a program's 1024 columns are a quarter masked: 16x512 lost (212 vs 178
-    us at one block); there 32x128 at 4 blocks was fastest in W1 and X2 (158 / 160 us against
-    one block's 178). (At K = 4096, S1 x, 4 blocks took 280 us against 160: that width now
-    takes 16x512.)"""
+    RNE column-only 64x128 2 warps, 4 blocks (until run K2): 127 / 245 / 144 against 143 /
+    287 / 154; SR row-only 32x128 1 warp: 161 / 462 / 178 against 16x256 2 warps at 128
+    registers' 172 / 593 / 225; SR column-only 32x128 1 warp, 4 blocks: 164 / 317 / 131
+    against 167 / 359 / 147. SR row + column casts are two launches (``cast_launches``).
+    SR row-only where K % 1024 == 0: 16x512, 2 blocks (at 1 warp, 16 elements per thread:
+    one thread owns a 1x16 block and its Philox call; SASS per element 50.4 -> 35.0; 2 warps
+    since run K4). Runs X1/X2 (benchmarks/cast_tiles.py), 1 warp: S1 x 147 us, S4 x 360
+    against 32x128's 160 / 465. At K = 768 (S4 h) a program's 1024 columns are a quarter
+    masked: 16x512 lost (212 vs 178 us at one block); there 32x128 at 4 blocks was fastest
+    in W1 and X2 (158 / 160 us against one block's 178). (At K = 4096, S1 x, 4 blocks took
+    280 us against 160: that width now takes 16x512.)
+    Runs K2 + K4 (H200, cast_tiles.py), RNE column-only: 32x128 2 warps, 4 blocks, S1 x 113 /
+    S4 x 224 / S4 h 92 us against 64x128's 124 / 241 / 99 (64x128 4 warps 120 / 239 / 100,
+    128x128 8 warps 132 / 290 / 121). SR row-only 16x512 at 2 warps: S1 x 140 / S4 x 287
+    against 1 warp's 143 / 359 (1 block: 130 / 449; 32x128 2 warps 514 / 602).
+    Weight stacks, both copies with the row-wise one as deq() values (the forward's launch):
+    64x128 4 warps, 4 blocks, runs K1 + K2: S4 W1 349 us, S4 W2 350, S1 W1 127 against the
+    token tiles' (32x128 1 warp) 467 / 461 / 174 -- 255 registers with 120 B of spills at 1
+    warp; 2 warps 368 / 380 / 149, 8 warps 407 / - / 144, 2 blocks 348 / - / 124."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
         return CastConfig(block_m=256, block_k=128, num_warps=4)
+    if stacked:
+        return CastConfig(block_m=64, block_k=128, num_warps=4, k_blocks=4)
     if rowwise and columnwise:  # RNE, packed (an SR or deq() row + column cast is two launches: cast_launches)
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
     if rowwise:
         if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
-            return CastConfig(block_m=16, block_k=512, num_warps=1, k_blocks=2)
+            return CastConfig(block_m=16, block_k=512, num_warps=2, k_blocks=2)
         if sr:
             return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
     if sr:
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
-    return CastConfig(block_m=64, block_k=128, num_warps=2, k_blocks=4)
+    return CastConfig(block_m=32, block_k=128, num_warps=2, k_blocks=4)
 
 
 def cast_launches(rowwise: bool, columnwise: bool, sr: bool, row_deq: bool = False,

@@ -489,7 +489,8 @@ def group_cast(
         # the RHT and its signs touch only the column-wise copy: a row-only launch compiles
         # to the same binary with or without them (one kernel, not two, to compile)
         col_rht = rht and col
-        cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col)
+        cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col,
+                          stacked=stacked)
         launch(
             _group_cast_kernel,
             (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
