@@ -182,9 +182,9 @@ def test_epilogue_sass_finds_the_split_dact_epilogue_spills_less(tmp_path):
 def test_cast_tiles_dry_run_finds_every_launch_bit_equal():
     """benchmarks/cast_tiles.py (which launches and tiles each cast should use) on the CPU:
     every row-only and column-only launch, at the heuristic's tiles and a candidate, gives
-    the bits of the cast writing both copies (one launch for RNE, two for SR), a row-only
-    deq() cast at the candidate's tiles the heuristic's, and so does
-    a weight stack's copies at a candidate's tiles and its row copy alone."""
+    the bits of the cast writing both copies (one launch for RNE, two for SR); a row-only
+    deq() cast at the candidate's tiles gives the heuristic's, and so do a weight stack's
+    copies at a candidate's tiles and its row copy alone."""
     import cast_tiles
 
     rows = cast_tiles.main(["--device", "cpu"])

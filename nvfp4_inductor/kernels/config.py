@@ -135,7 +135,8 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     Weight stacks, both copies with the row-wise one as deq() values (the forward's launch):
     64x128 4 warps, 4 blocks, runs K1 + K2: S4 W1 349 us, S4 W2 350, S1 W1 127 against the
     token tiles' (32x128 1 warp) 467 / 461 / 174 -- 255 registers with 120 B of spills at 1
-    warp; 2 warps 368 / 380 / 149, 8 warps 407 / - / 144, 2 blocks 348 / - / 124."""
+    warp; 2 warps 368 / 380 / 149, 8 warps 407 / - / 144, 2 blocks 348 / - / 124. Stacks of
+    1x16 blocks (``block_2d=False``) take the same tiles, unmeasured."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
