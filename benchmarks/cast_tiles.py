@@ -103,6 +103,17 @@ def main(argv=None) -> list[list[str]]:
 
         return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
 
+    def candidates(tiles: list) -> list:  # the CPU dry run tries one
+        return tiles if device == "cuda" else tiles[:1]
+
+    def at_tiles(cfg, fn, reference, fields) -> tuple[float, str]:
+        """`fn`'s time at tiles `cfg` (None: the heuristic's) and whether its outputs
+        `fields` equal `reference`'s."""
+        with config.override(cast=cfg):
+            out = fn()
+            t = us(fn)
+        return t, "equal" if all(torch.equal(out[i], reference[i]) for i in fields) else "DIFFER"
+
     seed = torch.full((1,), 7, dtype=torch.int64, device=device)
     rows = []
 
@@ -134,13 +145,10 @@ def main(argv=None) -> list[list[str]]:
             for kind, copies in (k for k in kinds if k[0] in args.kinds):
                 reference = both if kind != "row deq" else cast(*copies)  # deq(): the heuristic's bits
                 fields = (2, 3) if kind == "col" else (0, 1)
-                for cfg in [None, *(TILES[sr] if device == "cuda" else TILES[sr][:1])]:
-                    with config.override(cast=cfg):
-                        out = cast(*copies)
-                        t = us(lambda: cast(*copies))
-                    same = all(torch.equal(out[i], reference[i]) for i in fields)
+                for cfg in [None, *candidates(TILES[sr])]:
+                    t, bits = at_tiles(cfg, lambda: cast(*copies), reference, fields)
                     best[kind] = min(best.get(kind, float("inf")), t) if t == t else t
-                    row(name, rounding, kind, tiles_name(cfg), t, "equal" if same else "DIFFER")
+                    row(name, rounding, kind, tiles_name(cfg), t, bits)
             if "row" in best and "col" in best:
                 split = best["row"] + best["col"]
                 row(name, rounding, f"split / both {split / t_both:.3f}" if t_both == t_both else "split",
@@ -157,12 +165,8 @@ def main(argv=None) -> list[list[str]]:
 
         both = cast_w(True)
         row(name, "RNE 2D", "both", "heuristic", us(lambda: cast_w(True)), "reference")
-        for cfg in STACK_TILES if device == "cuda" else STACK_TILES[:1]:
-            with config.override(cast=cfg):
-                out = cast_w(True)
-                t = us(lambda: cast_w(True))
-            same = all(torch.equal(out[i], both[i]) for i in range(4))
-            row(name, "RNE 2D", "both", tiles_name(cfg), t, "equal" if same else "DIFFER")
+        for cfg in candidates(STACK_TILES):
+            row(name, "RNE 2D", "both", tiles_name(cfg), *at_tiles(cfg, lambda: cast_w(True), both, range(4)))
         alone = cast_w(False)
         row(name, "RNE 2D", "row", "heuristic", us(lambda: cast_w(False)),
             "equal" if torch.equal(both[0], alone[0]) else "DIFFER")
