@@ -314,8 +314,8 @@ def test_fused_ops_use_the_epilogues_bitwise(use_steps):
 
 def test_fused_backward_frees_before_the_largest_gemm(use_steps):
     """The backward's memory order (compiler/fused.py, benchmarks/memory_model.py): the bf16
-    dC and the regenerated D are gone when the wgrads run (dC is quantized before fc2's
-    wgrad), and dX is computed last."""
+    dC and the regenerated D (rebuilt after the dgrad: Steps.d_after_dgrad) are gone when
+    the wgrads run (dC is quantized before fc2's wgrad), and dX is computed last."""
     import dataclasses
     import weakref
 
@@ -325,8 +325,14 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps):
 
     def dgrad_act(*args, **kwargs):
         dc, dp, d = TRITON.fc2_dgrad_act(*args, **kwargs)
-        refs["dC"], refs["D"] = weakref.ref(dc), weakref.ref(d)
+        assert d is None  # D is not made beside the dgrad's operand copies
+        refs["dC"] = weakref.ref(dc)
         return dc, dp, d
+
+    def activation_forward(*args, **kwargs):
+        d = TRITON.activation_forward(*args, **kwargs)
+        refs["D"] = weakref.ref(d)
+        return d
 
     def wgrad(*args):
         events.append(("wgrad", {name: ref() is not None for name, ref in refs.items()}))
@@ -336,8 +342,8 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps):
         events.append(("gemm", None))
         return TRITON.grouped_gemm(*args)
 
-    target = use_steps(dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, grouped_gemm_wgrad=wgrad,
-                                           grouped_gemm=gemm), like="triton").name
+    target = use_steps(dataclasses.replace(TRITON, fc2_dgrad_act=dgrad_act, activation_forward=activation_forward,
+                                           grouped_gemm_wgrad=wgrad, grouped_gemm=gemm), like="triton").name
     gen = torch.Generator().manual_seed(2)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
@@ -452,6 +458,7 @@ STEP_LAUNCHES_FORWARD = {"_group_amax_kernel": 4, "_group_cast_kernel": 5,  # th
                          "_grouped_gemm_act_kernel": 1, "_grouped_gemm_bf16_kernel": 1}
 STEP_LAUNCHES_BACKWARD = {"_group_amax_kernel": 2, "_group_cast_kernel": 5, "_dequantize_kernel": 4,
                           "_grouped_gemm_dact_kernel": 1, "_dp_sum_kernel": 1,
+                          "_act_fwd_kernel": 1,  # D rebuilt after the dgrad (Steps.d_after_dgrad)
                           "_grouped_gemm_wgrad_bf16_kernel": 2, "_grouped_gemm_bf16_kernel": 1}
 
 

@@ -108,11 +108,11 @@ def test_registry_errors_and_order():
 # A made-up CPU target, registered through the public registry, run by compiled models
 
 
-def counting_target(name, counts, caps):
+def counting_target(name, counts, caps, **step_options):
     """A CPU target whose steps are the reference's, counted per step, with a fused fc1
     kernel (the reference GEMM, activation and, when asked, the amax pass, in one call) and a
-    fused fc2-dgrad kernel built the same way."""
-    ref = REFERENCE_STEPS
+    fused fc2-dgrad kernel built the same way. `step_options`: other ``Steps`` fields."""
+    ref = dataclasses.replace(REFERENCE_STEPS, **step_options)
 
     def counted(step, fn):
         def run(*args, **kwargs):
@@ -137,7 +137,7 @@ def counting_target(name, counts, caps):
 
     steps = dataclasses.replace(
         ref, **{f.name: counted(f.name, getattr(ref, f.name)) for f in dataclasses.fields(ref)
-                if getattr(ref, f.name) is not None},
+                if callable(getattr(ref, f.name))},
         fc1_act_amax=fc1_act_amax, fc2_dgrad_act=fc2_dgrad_act)
     return Target(name, steps=lambda: steps, probe=lambda device: caps, device_types=("cpu",))
 
@@ -180,10 +180,34 @@ def test_made_up_target_is_planned_run_and_explained(sign_mask):
     assert counts["fc1_act_amax with amax" if fused_amax else "fc1_act_amax without amax"] == 1
     assert counts["fc1_act_amax with amax" if not fused_amax else "fc1_act_amax without amax"] == 0
     assert counts["group_hadamard_amax"] == (0 if fused_amax else 1)
-    assert counts["fc2_dgrad_act"] == 1
-    assert counts["activation_forward"] == counts["activation_backward"] == 0
+    assert counts["fc2_dgrad_act"] == 1 and counts["D regenerated"] == 0
+    assert counts["activation_forward"] == 1  # D rebuilt after the dgrad (the reference's d_after_dgrad)
+    assert counts["activation_backward"] == 0
     assert counts["grouped_gemm"] == 2 and counts["grouped_gemm_wgrad"] == 2  # fc2 fwd, fc1 dgrad; both wgrads
     assert "counting" not in [t.name for t in lowerings.targets()]
+
+
+@pytest.mark.parametrize("d_after_dgrad", [True, False], ids=["after_dgrad", "in_dgrad"])
+def test_recompute_rebuilds_d_where_the_steps_say(d_after_dgrad):
+    """With recompute, the compiled backward rebuilds D either in the fused dgrad's epilogue
+    (``regenerate``) or with the activation step after it (``Steps.d_after_dgrad``, so D and
+    the dgrad's operand copies are not alive together); explain says which, and the bits
+    are the eager chain's either way."""
+    counts = collections.Counter()
+    with lowerings.registered(counting_target("counting", counts, MASKLESS, d_after_dgrad=d_after_dgrad)):
+        mlp, args = _model("srelu")
+        [s] = nv.explain(mlp, *args, recompute=True).sites
+        backward = [text for text, _ in s.backward_steps]
+        assert ("activation(C) * p -> D, rebuilt after the dgrad" in backward) is d_after_dgrad
+        assert any(t.startswith("fc2 dgrad + activation backward") and t.endswith("D regenerated")
+                   for t in backward) is not d_after_dgrad
+        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+        counts.clear()
+        compiled = torch.compile(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))
+        compiled(*args).sum().backward()
+    assert counts["D regenerated"] == (0 if d_after_dgrad else 1)
+    assert counts["activation_forward"] == (1 if d_after_dgrad else 0)
 
 
 @pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["te_mask", "mask0"])

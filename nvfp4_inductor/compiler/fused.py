@@ -19,11 +19,13 @@ passed as op arguments, so they run exactly what ``explain`` prints): its target
 and its fused kernels where the plan says so. With recompute the forward quantizes D
 row-wise only, with the pre-RHT amax from one group Hadamard-amax pass that also yields
 the post-RHT amax (or, where the plan says ``fused_amax``, from the fused fc1 kernel's
-epilogue, with no pass over D at all); the backward regenerates D bit-exactly in the
-activation-gradient step (fused into the fc2 dgrad GEMM where the plan says
-``fused_dgrad``) and casts it column-wise with the saved post-RHT amax, so no amax pass
-over D runs in the backward. A plan whose fused fc1 does not make D from the saved C
-(``Plan.d_regenerable`` False: cuDNN's) keeps D's column-wise copy instead (rule 5).
+epilogue, with no pass over D at all); the backward regenerates D bit-exactly, with the
+activation step after the fc2 dgrad where the target's ``Steps.d_after_dgrad`` says so
+(the dgrad's bf16 operand copies are gone by then), else in the activation-gradient step
+(fused into the fc2 dgrad GEMM where the plan says ``fused_dgrad``), and casts it
+column-wise with the saved post-RHT amax, so no amax pass over D runs in the backward.
+A plan whose fused fc1 does not make D from the saved C (``Plan.d_regenerable`` False:
+cuDNN's) keeps D's column-wise copy instead (rule 5).
 The backward runs its own ops (``grouped_mlp_bwd``: ``nvfp4::grouped_mlp_bwd_fc2`` up to
 dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops, in the order
 ``fc1_wgrad_last`` picks), never the forward op again: that would be merged with it by the
@@ -220,13 +222,16 @@ def grouped_mlp_bwd_fc2(
 
     dyq = quantize_grad(dy.contiguous(), dy_seed)
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
+    regenerate = recompute and not steps.d_after_dgrad
     if fused_dgrad:  # G stays in the GEMM's epilogue
-        dc, dp, d = steps.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+        dc, dp, d = steps.fc2_dgrad_act(*dgrad, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
     else:
         g = steps.grouped_gemm(*dgrad)
-        dc, dp, d = steps.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=recompute)
+        dc, dp, d = steps.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
         del g
     del dgrad
+    if recompute and not regenerate:  # after the dgrad, so D and its operand copies are never alive together
+        d = steps.activation_forward(c, probs, activation, tanh_clamp_scale)
     if recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
         dq = steps.group_quantize(d, group_sizes, rowwise=False, columnwise=True, rht=rht, sign_mask=sign_mask,
                                   columnwise_amax=d_col_amax)
@@ -376,7 +381,7 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
     branching on the same plan fields). Returns (forward, backward) lists."""
     col = "col RHT" if rht else "col"
     sr = ", SR" if stochastic_rounding else ""
-    regen = ", D regenerated" if recompute else ""
+    regen = ", D regenerated" if recompute and not steps.d_after_dgrad else ""
     deq = " (row as deq() values)" if _deq(steps) else ""
     if plan.fused_fc1:
         amax = " + D's pre/post-RHT amax" if plan.fused_amax else ""
@@ -398,6 +403,8 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
     backward = [
         (f"quantize dY: row + {col}{sr}", "group_quantize"),
         *dact,
+        *([("activation(C) * p -> D, rebuilt after the dgrad", "activation_forward")]
+          if recompute and steps.d_after_dgrad else []),
         *([(f"quantize D: {col} only, saved amax (no amax pass)", "group_quantize")] if recompute else []),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),
         ("fc2 wgrad -> dW2", "grouped_gemm_wgrad"),

@@ -40,4 +40,5 @@ STEPS = Steps(
     activation_forward=activation_forward,
     activation_backward=activation_backward,
     deq_operands=True,
+    d_after_dgrad=True,  # D rebuilt after the dgrad, whose bf16 operand copies are gone by then
 )

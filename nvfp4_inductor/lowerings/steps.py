@@ -43,6 +43,11 @@ class Steps:
     # (formats.operand_values). The fused ops ask for it for the forward GEMMs' operands
     # (no dequantize launch); every other copy stays packed.
     deq_operands: bool = False
+    # With recompute, D is rebuilt by ``activation_forward`` from C after the fc2 dgrad step
+    # rather than by that step's ``regenerate``: a target whose GEMMs read transient bf16
+    # deq() operand copies would otherwise hold D (T x F bf16) beside them, C and dC (the
+    # step's memory peak where fc1's GEMMs are smaller). Costs one launch and one read of C.
+    d_after_dgrad: bool = False
 
     def runs(self, step: str) -> str:
         """What runs `step` (a field name), e.g. 'numerics.group_quantize_torch', for explain."""

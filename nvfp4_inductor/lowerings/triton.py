@@ -56,4 +56,5 @@ STEPS = Steps(
     fc1_act_amax=grouped_gemm_act,
     fc2_dgrad_act=grouped_gemm_dact,
     deq_operands=True,  # the casts write the forward GEMMs' operands as deq() (group_cast's ROW_DEQ)
+    d_after_dgrad=True,  # D rebuilt after the dgrad, whose bf16 operand copies are gone by then
 )
