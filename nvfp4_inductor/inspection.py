@@ -567,14 +567,14 @@ def _run(fn, args, kwargs, backend, seed, grad_inputs):
 
 def _eager_chain_call(site_options: BackendOptions, plan):
     """A site's callable running the eager NVFP4 chain, op by op (it chooses the same
-    target as `plan` itself)."""
+    target as `plan` itself), and its constant keyword arguments (none)."""
     from .nn import grouped_mlp
 
     def nvfp4_eager_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
         return grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
                            tanh_clamp_scale=tanh_clamp_scale, recipe=site_options.recipe)
 
-    return nvfp4_eager_grouped_mlp
+    return nvfp4_eager_grouped_mlp, {}
 
 
 def eager_semantics_backend(options: BackendOptions, scope: str = "blocks"):

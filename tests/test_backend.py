@@ -7,6 +7,8 @@ AOTAutograd and min-cut partition as Inductor, without Inductor's C++ code gener
 which costs ~10 s per graph on CI's 2 cores. A representative subset runs Inductor.
 """
 
+import json
+import os
 import subprocess
 import sys
 
@@ -290,6 +292,48 @@ def test_no_grad_takes_forward_only_path():
     source = "\n".join(code)
     assert "nvfp4.grouped_mlp_infer" in source and "nvfp4.grouped_mlp_fwd" not in source
     assert torch.equal(y, eager)
+
+
+_CACHE_STEPS = """
+import json, sys
+import torch
+import nvfp4_inductor as nv
+from torch._dynamo.utils import counters
+
+torch.manual_seed(0)
+mlp = nv.GroupedMLP(4, 32, 48, "srelu")
+x, sizes, p = torch.randn(64, 32, dtype=torch.bfloat16), torch.tensor([10, 0, 31, 23]), torch.rand(64)
+eager_y = mlp(x, sizes, p)  # the forward draws no random bits
+result = []
+for options in json.loads(sys.argv[1]):
+    torch._dynamo.reset()
+    counters.clear()
+    y = torch.compile(mlp, backend=nv.backend(**options))(x.clone().requires_grad_(), sizes, p)
+    y.backward(torch.ones_like(y))
+    result.append([dict(counters["aot_autograd"]), torch.equal(y, eager_y)])
+print(json.dumps(result))
+"""
+
+
+def test_aotautograd_cache_takes_a_rewritten_graph(tmp_path):
+    """A rewritten graph calls ``fused.fused_grouped_mlp`` with the site's options as
+    constants and no class of ours (GroupedMLP's Recipe constructor is erased with the
+    site), so AOTAutograd's cache stores it and a later compile of the same graph loads it
+    instead of tracing the fused ops again; other options (recompute, trace_launches) are
+    other entries. In a process of its own: conftest turns the caches off for the suite
+    through an environment variable that no config patch overrides."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    options = [{}, {}, {"recompute": False}, {"trace_launches": False}]
+    out = subprocess.run([sys.executable, "-c", _CACHE_STEPS, json.dumps(options)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (first, *_), (again, *_), (no_recompute, *_), (untraced, *_) = steps = json.loads(out.stdout.splitlines()[-1])
+    assert all(equal for _, equal in steps)
+    assert first.get("autograd_cache_saved") == 1 and not first.get("autograd_cache_bypass"), first
+    assert again.get("autograd_cache_hit") == 1, again
+    assert no_recompute.get("autograd_cache_miss") == 1, no_recompute
+    assert untraced.get("autograd_cache_miss") == 1, untraced
 
 
 def test_compiled_bad_group_sizes_raise_value_error():

@@ -55,7 +55,7 @@ def fused_grouped_mlp(x, w1, w2, gs, probs, *, activation, tanh_clamp_scale, rec
     """The fused ops with the plan the backend would choose for this site."""
     plan = choose_plan(SiteSpec.on(x.device, activation, hidden=x.shape[1], ffn=w2.shape[2]), recipe)
     return fused.fused_grouped_mlp(x, w1, w2, gs, probs, activation=activation, tanh_clamp_scale=tanh_clamp_scale,
-                                   recipe=recipe, recompute=recompute, plan=plan)
+                                   **fused.site_options(recipe, recompute, plan))
 
 G, H, F = 4, 32, 48
 SIZES = (20, 0, 37, 23)

@@ -25,7 +25,7 @@ from ..lowerings import Plan, SiteSpec, choose_plan
 from ..lowerings.inline import launches_traced
 from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
-from .fused import fused_grouped_mlp
+from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
 from .options import BackendOptions
 from .rewrite import find_sites, rewrite_sites
@@ -64,18 +64,11 @@ def _package_hash() -> bytes:
     return get_hash_for_files(tuple(sorted(str(p) for p in root.rglob("*.py"))))
 
 
-def _site_call(options: BackendOptions, plan: Plan):
-    """The callable a rewritten site calls, with this backend's options and the site's
-    plan bound. A fresh function per site, so the site's call node can be found after the
-    rewrite."""
-
-    def nvfp4_grouped_mlp(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale):
-        return fused_grouped_mlp(
-            x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
-            tanh_clamp_scale=tanh_clamp_scale, recipe=options.recipe, recompute=options.recompute, plan=plan,
-        )
-
-    return nvfp4_grouped_mlp
+def _site_call(options: BackendOptions, plan: Plan) -> tuple:
+    """What a rewritten site calls: ``fused_grouped_mlp``, a function of this package that
+    AOTAutograd's cache may key on (``inductor_patches``), with the site's options and plan
+    as its constant keyword arguments (``fused.site_options``)."""
+    return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan)
 
 
 def _site_options(site: Site, options: BackendOptions) -> BackendOptions:
@@ -107,7 +100,8 @@ def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
     """Find and rewrite every site in place; returns what was done. `site_call(options, plan)`
-    makes each site's callable (default: the fused NVFP4 ops running the plan). Counts graphs, sites and
+    gives each site's (callable, its constant keyword arguments) (default: the fused NVFP4
+    ops running the plan, ``_site_call``). Counts graphs, sites and
     rejections in ``torch._dynamo.utils.counters["nvfp4"]`` (and per spelling)."""
     sites, rejections = find_sites(gm)
     device = example_device(gm)
@@ -120,13 +114,12 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     calls = []
     for site in sites:
         counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
-        site_options = _site_options(site, options)
-        plan = plan_for(site, device, site_options.recipe)
-        calls.append((site_call or _site_call)(site_options, plan))
+        options_here = _site_options(site, options)
+        plan = plan_for(site, device, options_here.recipe)
+        calls.append((site_call or _site_call)(options_here, plan))
         record.sites.append((site, plan))
-    rewrite_sites(gm, sites, make_call=calls)
-    record.call_nodes.extend(next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is call)
-                             for call in calls)
+    record.call_nodes.extend(rewrite_sites(gm, sites, make_call=[fn for fn, _ in calls],
+                                           call_options=[kwargs for _, kwargs in calls]))
     return record
 
 
@@ -164,12 +157,31 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
             from torch._dynamo.backends.debugging import aot_eager_default_partitioner
 
             return aot_eager_default_partitioner(gm, example_inputs)
-        from torch._inductor import list_mode_options
         from torch._inductor.compile_fx import compile_fx
 
-        patches = dict(list_mode_options(mode)) if mode else {}
-        patches["post_grad_custom_post_pass"] = _PackageVersion()
-        return compile_fx(gm, example_inputs, inner_compile=_inner_compile, config_patches=patches)
+        return compile_fx(gm, example_inputs, inner_compile=_inner_compile,
+                          config_patches=inductor_patches(mode, options))
+
+
+def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
+    """Inductor's config for our graphs: torch.compile's ``mode`` as stock Inductor takes
+    it; this package's hash in Inductor's cache keys (``_PackageVersion``); and the site
+    call marked cacheable. AOTAutograd's cache takes a graph only if it trusts every
+    function the graph calls; ``fused_grouped_mlp`` computes from its arguments (the
+    site's options are constants in the graph's code) and this package's code, and it is
+    traced as launches or as whole ops by ``trace_launches``: the key holds the package
+    hash and that option. A later process compiling the same graph then loads the compiled
+    forward and backward instead of tracing the fused ops again."""
+    from torch._inductor import config, list_mode_options
+
+    patches = dict(list_mode_options(mode)) if mode else {}
+    patches["post_grad_custom_post_pass"] = _PackageVersion()
+    patches["unsafe_marked_cacheable_functions"] = {
+        **config.unsafe_marked_cacheable_functions,
+        f"{fused_grouped_mlp.__module__}.{fused_grouped_mlp.__name__}":
+            f"{_package_hash().hex()} trace_launches={options.trace_launches}",
+    }
+    return patches
 
 
 def _inner_compile(*args, **kwargs):

@@ -345,6 +345,18 @@ def _backward(ctx, grads):
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def site_options(recipe: Recipe, recompute: bool, plan: Plan) -> dict:
+    """``fused_grouped_mlp``'s keyword arguments for a site: the recipe's fields and the
+    plan's decisions as plain values (``recompute``: whether D is regenerated, the backend
+    option as the plan allows it). A rewritten graph's call holds them as constants, so its
+    code prints each by name and AOTAutograd's and Inductor's caches key on them
+    (compiler/backend.py ``inductor_patches``)."""
+    return dict(rht=recipe.rht, sign_mask=recipe.sign_mask, block_2d=recipe.block_2d,
+                stochastic_rounding=recipe.stochastic_rounding, sr_per_rank=recipe.sr_per_rank,
+                recompute=plan.recomputes_d(recompute), target=plan.target, fused_fc1=plan.fused_fc1,
+                fused_amax=plan.fused_amax, fused_dgrad=plan.fused_dgrad)
+
+
 def fused_grouped_mlp(
     x: Tensor,
     fc1_weight: Tensor,
@@ -354,25 +366,31 @@ def fused_grouped_mlp(
     *,
     activation: str,
     tanh_clamp_scale: Optional[float],
-    recipe: Recipe,
+    rht: bool,
+    sign_mask: int,
+    block_2d: bool,
+    stochastic_rounding: bool,
+    sr_per_rank: bool,
     recompute: bool,
-    plan: Plan,
+    target: str,
+    fused_fc1: bool,
+    fused_amax: bool,
+    fused_dgrad: bool,
 ) -> Tensor:
-    """What a rewritten site calls (traced by AOTAutograd): the inference op when no
-    gradient is needed, else the forward op whose autograd formula runs the backward ops;
-    both run `plan`."""
+    """What a rewritten site calls (traced by AOTAutograd), options as ``site_options``
+    gives them: the inference op when no gradient is needed, else the forward op whose
+    autograd formula runs the backward ops; both run the site's plan."""
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
     )
-    common = dict(activation=activation, tanh_clamp_scale=tanh_clamp_scale, rht=recipe.rht,
-                  sign_mask=recipe.sign_mask, block_2d=recipe.block_2d, target=plan.target,
-                  fused_fc1=plan.fused_fc1, fused_amax=plan.fused_amax)
+    common = dict(activation=activation, tanh_clamp_scale=tanh_clamp_scale, rht=rht, sign_mask=sign_mask,
+                  block_2d=block_2d, target=target, fused_fc1=fused_fc1, fused_amax=fused_amax)
     if not needs_grad:
         return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
     return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
-                           stochastic_rounding=recipe.stochastic_rounding, recompute=plan.recomputes_d(recompute),
-                           fused_dgrad=plan.fused_dgrad, sr_per_rank=recipe.sr_per_rank)[0]
+                           stochastic_rounding=stochastic_rounding, recompute=recompute, fused_dgrad=fused_dgrad,
+                           sr_per_rank=sr_per_rank)[0]
 
 
 def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):

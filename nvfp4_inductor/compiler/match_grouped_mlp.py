@@ -69,6 +69,16 @@ def grouped_mlp_site(node: Node) -> Site | str:
         group_sizes=GroupSizes("sizes", sizes, (shape(sizes) or (0,))[0]),
         probs=probs if isinstance(probs, Node) else None,
         activation=activation, tanh_clamp_scale=scale, spelling="grouped_mlp_module",
-        location=location_of(node), output=node, nodes=(node,),
+        location=location_of(node), output=node, nodes=(node, *_recipe_call(node)),
     )
     return can_grouped_mlp(site) or site
+
+
+def _recipe_call(node: Node) -> tuple[Node, ...]:
+    """The node building the call's ``Recipe`` (Dynamo keeps the constructor call when the
+    module makes its recipe in forward), matched with the call so that the rewrite erases
+    it: a graph calling a class of ours is not one AOTAutograd's cache takes."""
+    from ..recipe import Recipe
+
+    recipe = node.kwargs.get("recipe")
+    return (recipe,) if isinstance(recipe, Node) and recipe.op == "call_function" and recipe.target is Recipe else ()

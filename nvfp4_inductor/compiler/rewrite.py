@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import Optional
 
 import torch
 import torch.fx
@@ -57,12 +58,15 @@ def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
     return sites, rejections
 
 
-def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> None:
+def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call,
+                  call_options: Optional[list[dict]] = None) -> list[Node]:
     """Replace every site by a call of ``make_call`` (one callable for all sites, or a list
-    with one per site); recompiles ``gm``. All sites in one call: a site may consume an
-    earlier site's output (stacked layers), which the earlier rewrite replaces."""
+    with one per site), with the site's ``call_options`` (constants) as more keyword
+    arguments; recompiles ``gm`` and returns the call nodes, one per site. All sites in one
+    call: a site may consume an earlier site's output (stacked layers), which the earlier
+    rewrite replaces."""
     if not sites:
-        return
+        return []
     # The example values' own mode: inside a backend, TracingContext (which
     # detect_fake_mode consults first) holds a different mode than Dynamo's example values.
     fake_mode = next(
@@ -71,12 +75,16 @@ def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call) -> 
     ) or detect_fake_mode([val(n) for n in gm.graph.nodes if n.op == "placeholder"])
     calls = make_call if isinstance(make_call, (list, tuple)) else [make_call] * len(sites)
     replaced: dict[Node, Node] = {}  # a rewritten site's output -> the node that took its uses
-    for site, call in zip(sites, calls, strict=True):
+    call_nodes = []
+    for site, call, options in zip(sites, calls, call_options or [{}] * len(sites), strict=True):
         # a site fed by an earlier one (stacked layers) matched that site's output node
         site = _resolved(site, replaced)
-        replaced[site.output] = _Inserter(gm.graph, fake_mode, _anchor(gm.graph, site)).replace(site, call)
+        inserter = _Inserter(gm.graph, fake_mode, _anchor(gm.graph, site))
+        call_node, replaced[site.output] = inserter.replace(site, call, options)
+        call_nodes.append(call_node)
     gm.graph.lint()
     gm.recompile()
+    return call_nodes
 
 
 def _resolved(part, replaced: dict[Node, Node]):
@@ -137,7 +145,8 @@ class _Inserter:
         GEMM computes on that cast); AOTAutograd differentiates the cast."""
         return node if val(node).dtype == torch.bfloat16 else self.method("to", node, torch.bfloat16)
 
-    def replace(self, site: Site, make_call) -> Node:
+    def replace(self, site: Site, make_call, options: dict) -> tuple[Node, Node]:
+        """(the call node, the node that takes the site output's uses)"""
         x = self.bf16(self.method("flatten", site.x, 0, 1) if site.x_batched else site.x)
         fc1 = self.weight(site.fc1_weight)
         if site.fc1_up_weight is not None:
@@ -155,16 +164,16 @@ class _Inserter:
         x_val, fc2_val = val(x), val(fc2)
         with self.fake_mode:
             y_val = x_val.new_empty((x_val.shape[0], fc2_val.shape[1]), dtype=torch.bfloat16)
-        y = self._insert("call_function", make_call, (x, fc1, fc2, sizes, probs),
-                         {"activation": site.activation, "tanh_clamp_scale": site.tanh_clamp_scale},
-                         value=y_val)
+        y = call = self._insert("call_function", make_call, (x, fc1, fc2, sizes, probs),
+                                {"activation": site.activation, "tanh_clamp_scale": site.tanh_clamp_scale,
+                                 **options}, value=y_val)
         if site.x_batched:
             y = self.method("view_as", y, site.x)
         if val(site.output).dtype != torch.bfloat16:
             y = self.method("to", y, val(site.output).dtype)
         site.output.replace_all_uses_with(y)
         _erase_dead(self.graph, site.nodes)
-        return y
+        return call, y
 
     def weight(self, weight: Weight) -> Node:
         w = self.bf16(weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0))
