@@ -20,6 +20,7 @@ import sys
 import torch
 
 from ..activations import activation_names, get_activation
+from ..recipe import Recipe
 from .legality import can_grouped_mlp
 from .nodes import Node, arg, shape
 from .site import GroupSizes, Rejection, Site, Weight, location_of
@@ -78,7 +79,5 @@ def _recipe_call(node: Node) -> tuple[Node, ...]:
     """The node building the call's ``Recipe`` (Dynamo keeps the constructor call when the
     module makes its recipe in forward), matched with the call so that the rewrite erases
     it: a graph calling a class of ours is not one AOTAutograd's cache takes."""
-    from ..recipe import Recipe
-
     recipe = node.kwargs.get("recipe")
     return (recipe,) if isinstance(recipe, Node) and recipe.op == "call_function" and recipe.target is Recipe else ()
