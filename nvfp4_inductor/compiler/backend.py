@@ -27,6 +27,7 @@ from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
 from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
+from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
 from .rewrite import find_sites, rewrite_sites
 from .site import Rejection, Site
@@ -71,15 +72,16 @@ def _site_call(options: BackendOptions, plan: Plan) -> tuple:
     return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan)
 
 
-def _site_options(site: Site, options: BackendOptions) -> BackendOptions:
+def _options_for(site: Site, options: BackendOptions) -> BackendOptions:
     """A ``grouped_mlp``/``GroupedMLP`` call keeps the recipe its caller gave it; plain
     spellings take the backend's."""
-    recipe_node = site.output.kwargs.get("recipe") if site.spelling == "grouped_mlp_module" else None
-    if isinstance(recipe_node, torch.fx.Node) and recipe_node.target is Recipe:
+    if site.spelling != "grouped_mlp_module":
+        return options
+    recipe_node = recipe_call(site.output)
+    if recipe_node is not None:
         return dataclasses.replace(options, recipe=Recipe(*recipe_node.args, **recipe_node.kwargs))
-    if isinstance(recipe_node, Recipe):
-        return dataclasses.replace(options, recipe=recipe_node)
-    return options
+    recipe = site.output.kwargs.get("recipe")
+    return dataclasses.replace(options, recipe=recipe) if isinstance(recipe, Recipe) else options
 
 
 def example_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -114,9 +116,9 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     calls = []
     for site in sites:
         counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
-        options_here = _site_options(site, options)
-        plan = plan_for(site, device, options_here.recipe)
-        calls.append((site_call or _site_call)(options_here, plan))
+        site_backend_options = _options_for(site, options)
+        plan = plan_for(site, device, site_backend_options.recipe)
+        calls.append((site_call or _site_call)(site_backend_options, plan))
         record.sites.append((site, plan))
     record.call_nodes.extend(rewrite_sites(gm, sites, make_call=[fn for fn, _ in calls],
                                            call_options=[kwargs for _, kwargs in calls]))

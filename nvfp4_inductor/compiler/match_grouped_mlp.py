@@ -16,6 +16,7 @@ recipe). Accepts bf16, as the eager function does.
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import torch
 
@@ -65,19 +66,21 @@ def grouped_mlp_site(node: Node) -> Site | str:
     for name, operand in (("x", x), ("fc1_weight", fc1), ("fc2_weight", fc2), ("group_sizes", sizes)):
         if not isinstance(operand, Node):
             return f"{name} is {operand!r}, not a tensor of the graph"
+    recipe = recipe_call(node)
     site = Site(
         x=x, fc1_weight=Weight((fc1,), "out_in"), fc2_weight=Weight((fc2,), "out_in"),
         group_sizes=GroupSizes("sizes", sizes, (shape(sizes) or (0,))[0]),
         probs=probs if isinstance(probs, Node) else None,
         activation=activation, tanh_clamp_scale=scale, spelling="grouped_mlp_module",
-        location=location_of(node), output=node, nodes=(node, *_recipe_call(node)),
+        location=location_of(node), output=node, nodes=(node,) if recipe is None else (node, recipe),
     )
     return can_grouped_mlp(site) or site
 
 
-def _recipe_call(node: Node) -> tuple[Node, ...]:
-    """The node building the call's ``Recipe`` (Dynamo keeps the constructor call when the
-    module makes its recipe in forward), matched with the call so that the rewrite erases
-    it: a graph calling a class of ours is not one AOTAutograd's cache takes."""
+def recipe_call(node: Node) -> Optional[Node]:
+    """The node building a ``grouped_mlp`` call's ``Recipe`` (Dynamo keeps the constructor
+    call when the module makes its recipe in forward), or None. The site matches it with the
+    call so that the rewrite erases it (a graph calling a class of ours is not one
+    AOTAutograd's cache takes); the backend reads the recipe off it."""
     recipe = node.kwargs.get("recipe")
-    return (recipe,) if isinstance(recipe, Node) and recipe.op == "call_function" and recipe.target is Recipe else ()
+    return recipe if isinstance(recipe, Node) and recipe.op == "call_function" and recipe.target is Recipe else None
