@@ -70,15 +70,20 @@ def _expand_scales(s, R: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _dequantize_rows(data_ptr, scale_ptr, out_ptr, R, C2, row_block, col_block, BR: tl.constexpr, BC: tl.constexpr):
-    """Rows row_block * BR + [0, BR), packed bytes col_block * BC + [0, BC) of one operand."""
+def _dequantize_rows(data_ptr, scale_ptr, out_ptr, R, C2, row_block, col_block, src_rpg, src_stride, src_off,
+                     BR: tl.constexpr, BC: tl.constexpr):
+    """Output rows row_block * BR + [0, BR), packed bytes col_block * BC + [0, BC) of one
+    operand. Output row r reads source row (r // src_rpg) * src_stride + src_off + r % src_rpg:
+    a slice of src_rpg rows at src_off of each group of src_stride rows (a whole operand:
+    src_rpg = R, src_stride = 0, src_off = 0)."""
     rows = row_block * BR + tl.arange(0, BR)
     kh = col_block * BC + tl.arange(0, BC)  # packed byte columns
     kb = col_block * (BC // 8) + tl.arange(0, BC // 8)  # 16-element block columns
     row_ok = rows < R
     r64 = rows.to(tl.int64)
-    data = tl.load(data_ptr + r64[:, None] * C2 + kh[None, :], mask=row_ok[:, None] & (kh < C2)[None, :], other=0)
-    s = tl.load(scale_ptr + r64[:, None] * (C2 // 8) + kb[None, :],
+    src = (rows // src_rpg).to(tl.int64) * src_stride + src_off + rows % src_rpg
+    data = tl.load(data_ptr + src[:, None] * C2 + kh[None, :], mask=row_ok[:, None] & (kh < C2)[None, :], other=0)
+    s = tl.load(scale_ptr + src[:, None] * (C2 // 8) + kb[None, :],
                 mask=row_ok[:, None] & (kb < C2 // 8)[None, :], other=0)
     lo, hi = _deq_nibbles(data, _expand_scales(_scale_fp16(s), BR, 2 * BC))
     lo = (lo.to(tl.float32) * 16384.0).to(tl.bfloat16)  # exact: deq() * 2**-14 -> deq()
@@ -91,14 +96,16 @@ def _dequantize_rows(data_ptr, scale_ptr, out_ptr, R, C2, row_block, col_block, 
 
 @triton.jit
 def _dequantize_kernel(a_data_ptr, a_scale_ptr, a_out_ptr, RA, b_data_ptr, b_scale_ptr, b_out_ptr, RB, C2,
-                       BR: tl.constexpr, BC: tl.constexpr):
-    """Row blocks of a first, then of b: the program's row block picks its operand."""
+                       b_rpg, b_stride, b_off, BR: tl.constexpr, BC: tl.constexpr):
+    """Row blocks of a first, then of b: the program's row block picks its operand. b may be
+    a slice of rows of each group (``_dequantize_rows``)."""
     a_blocks = tl.cdiv(RA, BR)
     rb = tl.program_id(0)
     if rb < a_blocks:
-        _dequantize_rows(a_data_ptr, a_scale_ptr, a_out_ptr, RA, C2, rb, tl.program_id(1), BR, BC)
+        _dequantize_rows(a_data_ptr, a_scale_ptr, a_out_ptr, RA, C2, rb, tl.program_id(1), RA, 0, 0, BR, BC)
     else:
-        _dequantize_rows(b_data_ptr, b_scale_ptr, b_out_ptr, RB, C2, rb - a_blocks, tl.program_id(1), BR, BC)
+        _dequantize_rows(b_data_ptr, b_scale_ptr, b_out_ptr, RB, C2, rb - a_blocks, tl.program_id(1),
+                         b_rpg, b_stride, b_off, BR, BC)
 
 
 @kernel_op("nvfp4_kernels::dequantize_bf16_pair")
@@ -116,9 +123,26 @@ def _dequantize_op(
         _dequantize_kernel, (cdiv(a_rows, cfg.block_r) + cdiv(b_rows, cfg.block_r), cdiv(half, cfg.block_c)),
         a_data_ptr=a_data, a_scale_ptr=a_scale, a_out_ptr=a_out, RA=a_rows,
         b_data_ptr=b_data, b_scale_ptr=b_scale, b_out_ptr=b_out, RB=b_rows, C2=half,
-        BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
+        b_rpg=max(b_rows, 1), b_stride=0, b_off=0, BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
     )
     return a_out, b_out
+
+
+def dequantize_rows_into(out: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, rows_per_group: int,
+                         group_rows: int, first_row: int) -> None:
+    """Launch: deq() of rows [first_row, first_row + rows_per_group) of every group of
+    `group_rows` rows of data (R, C/2) / scale (R, C/16) uint8 bits (both contiguous) into
+    out (R / group_rows * rows_per_group, C) bf16, group after group. For a kernel op's body
+    that makes a weight stack's copy a slice at a time (grouped_gemm_bf16.py)."""
+    half = data.shape[1]
+    cfg = dequant_config()
+    launch(
+        _dequantize_kernel, (cdiv(out.shape[0], cfg.block_r), cdiv(half, cfg.block_c)),
+        a_data_ptr=data, a_scale_ptr=scale, a_out_ptr=out, RA=0,
+        b_data_ptr=data, b_scale_ptr=scale, b_out_ptr=out, RB=out.shape[0], C2=half,
+        b_rpg=rows_per_group, b_stride=group_rows, b_off=first_row,
+        BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
+    )
 
 
 def _rows(data: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,9 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formats import is_deq_values
+from ..sizes import weight_copy_slices
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
-from .dequantize import bf16_operands, dequantize_bf16_pair
+from .dequantize import bf16_operands, dequantize_bf16, dequantize_bf16_pair, dequantize_rows_into
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
@@ -112,11 +114,12 @@ def bf16_tile_acc(a_ptr, b_ptr, a_base, a_len, a_off, b_base, b_len, b_off, K,
 @triton.jit
 def _grouped_gemm_bf16_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, out_ptr,
-    N, K, G,
+    N, K, G, out_stride, out_col,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):
-    """a (T, K) bf16, b (G, N, K) bf16, out (T, N) bf16 = alpha_g * a_g . b_g^T."""
+    """a (T, K) bf16, b (G, N, K) bf16: alpha_g * a_g . b_g^T (T, N) bf16 into columns
+    out_col + [0, N) of out, rows out_stride apart (the whole out: N, 0)."""
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
     gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, N, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
@@ -128,7 +131,7 @@ def _grouped_gemm_bf16_kernel(
         acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, g.to(tl.int64) * N, N, tn * BN, K,
                             BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
-        out_ptrs = out_ptr + (row0 + rows).to(tl.int64)[:, None] * N + cols[None, :]
+        out_ptrs = out_ptr + (row0 + rows).to(tl.int64)[:, None] * out_stride + (out_col + cols)[None, :]
         store_bf16(out_ptrs, acc, alpha, row_ok[:, None] & col_ok[None, :])
 
 
@@ -202,6 +205,24 @@ def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
 # Ops on bf16 operands
 
 
+def _launch_fprop(a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
+                  group_sizes: torch.Tensor, out: torch.Tensor, out_col: int) -> None:
+    """Launch: alpha_g * a_g . b_g^T, a (T, K) and b (G, N, K) bf16, into columns
+    out_col + [0, N) of out (T, *)."""
+    k = a.shape[1]
+    groups, n, _ = b.shape
+    cfg = bf16_gemm_config("fprop", a.device)
+    tma = use_tma(cfg, a.device, k)
+    programs = num_programs(cfg, a.device)
+    launch(
+        _grouped_gemm_bf16_kernel, (programs,),
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
+        N=n, K=k, G=groups, out_stride=out.shape[1], out_col=out_col, BLOCK_G=max(next_power_of_2(groups), 2),
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
+        EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
+    )
+
+
 @kernel_op("nvfp4_kernels::grouped_gemm_bf16")
 def _grouped_gemm_bf16_op(
     a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
@@ -214,16 +235,34 @@ def _grouped_gemm_bf16_op(
         return out
     if k == 0 or groups == 0:
         return out.zero_()
-    cfg = bf16_gemm_config("fprop", a.device)
-    tma = use_tma(cfg, a.device, k)
-    programs = num_programs(cfg, a.device)
-    launch(
-        _grouped_gemm_bf16_kernel, (programs,),
-        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
-        N=n, K=k, G=groups, BLOCK_G=max(next_power_of_2(groups), 2),
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
-        EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
-    )
+    _launch_fprop(a, a_amax, b, b_amax, group_sizes, out, 0)
+    return out
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_bf16_weight_slices")
+def _grouped_gemm_bf16_weight_slices_op(
+    a: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    group_sizes: torch.Tensor, slice_rows: int,
+) -> torch.Tensor:
+    """``_grouped_gemm_bf16_op`` with b a packed weight stack, (G, N, K/2) uint8 and
+    (G, N, K/16) uint8 scale bits, contiguous: its bf16 copy is made `slice_rows` of its N
+    rows (out's columns) at a time, each slice dequantized into a buffer of its own and
+    multiplied into its columns of out before the next is made (a freed buffer is what the
+    next one takes). -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
+    tokens, k = a.shape
+    groups, n, _ = b_data.shape
+    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
+    if tokens == 0 or n == 0:
+        return out
+    if k == 0 or groups == 0:
+        return out.zero_()
+    data, scale = b_data.view(groups * n, -1), b_scale.view(groups * n, -1)
+    for first in range(0, n, slice_rows):
+        rows = min(slice_rows, n - first)
+        b = a.new_empty(groups, rows, k, dtype=torch.bfloat16)
+        dequantize_rows_into(b.view(groups * rows, k), data, scale, rows, n, first)
+        _launch_fprop(a, a_amax, b, b_amax, group_sizes, out, first)
+        del b  # before the next slice's buffer is allocated
     return out
 
 
@@ -268,11 +307,28 @@ def grouped_gemm_via_bf16(
 ) -> torch.Tensor:
     """fprop / dgrad, the twin of ``numerics.grouped_gemm_torch``: a (T, K/2) uint8, (T, K/16)
     E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
-    Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call."""
+    Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call; a
+    packed b whose copy would be large beside a's (``weight_slice_rows``) is copied a slice
+    of rows at a time."""
     check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
-    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
-    return _grouped_gemm_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
-                                 group_sizes.contiguous())
+    a_amax, b_amax = a_amax.float().contiguous(), b_amax.float().contiguous()
+    slice_rows = weight_slice_rows(a_data.shape[0], *b_data.shape[:2], a_data.device)
+    if is_deq_values(b_data) or slice_rows >= b_data.shape[1]:
+        a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
+        return _grouped_gemm_bf16_op(a, a_amax, b, b_amax, group_sizes.contiguous())
+    a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
+    scale = b_scale.view(torch.uint8) if b_scale.dtype == torch.float8_e4m3fn else b_scale
+    return _grouped_gemm_bf16_weight_slices_op(a, a_amax, b_data.contiguous(), scale.contiguous(), b_amax,
+                                               group_sizes.contiguous(), slice_rows)
+
+
+def weight_slice_rows(tokens: int, groups: int, n: int, device: torch.device) -> int:
+    """Rows of each expert's weight (b's N, out's columns) whose bf16 copy is made at a
+    time by ``grouped_gemm_via_bf16``: ``sizes.weight_copy_slices`` slices, each a whole
+    number of the GEMM's column tiles (n: one copy of the whole stack)."""
+    slices = weight_copy_slices(tokens, groups * n)
+    block_n = bf16_gemm_config("fprop", device).block_n
+    return max(-(-n // slices // block_n), 1) * block_n if slices > 1 else n
 
 
 def grouped_gemm_wgrad_via_bf16(
