@@ -37,7 +37,11 @@ from nvfp4_inductor.kernels import config  # noqa: E402
 from nvfp4_inductor.kernels.config import Bf16GemmConfig  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_act import grouped_gemm_act  # noqa: E402
-from nvfp4_inductor.kernels.grouped_gemm_dact import grouped_gemm_dact  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_dact import _grouped_gemm_dact_op, grouped_gemm_dact  # noqa: E402
+from nvfp4_inductor.kernels.activation import _act_code, _clamp as kernel_clamp  # noqa: E402
+from nvfp4_inductor.kernels.dequantize import dequantize_bf16_pair  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_act import epilogue_config  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_bf16 import slice_rows  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not kernels.available(DEVICE):
@@ -71,6 +75,8 @@ GPU_CASE = Case("gpu_uneven", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 768)
 CANCEL = Case("cancelling", (5, 0, 37, 16, 22, 0), 64, 48, cancel=True)
 # the same on the GPU: F = 640 is not a multiple of the H200 config's 256-column tiles
 GPU_CANCEL = Case("gpu_cancelling", (1000, 0, 17, 2900, 1, 4095, 0, 203), 1024, 640, cancel=True)
+# few tokens for 8 experts x F = 1152: W2's copy is made in slices (4 x 256 + 128 rows on 128-column tiles)
+GPU_SLICES = Case("gpu_slices", (100, 0, 17, 290, 1, 409, 0, 203), 1024, 1152)
 
 
 def _cancelling(a, b, gen):
@@ -363,6 +369,29 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps):
     assert events == [("wgrad", {"dC": False, "D": False}), ("wgrad", {"dC": False, "D": False}), ("gemm", None)], events
 
 
+def check_dact_slices(case, activation, label):
+    """W2's bf16 copy made a slice of its F rows at a time (grouped_gemm_bf16.slice_rows):
+    dC, dp (partials of runs that end at slice edges) and D equal the whole copy's."""
+    args, c, probs = dgrad_inputs(case, activation, True, label)
+    a, sa, aa, b, sb, ba, sizes = args
+    tiles = epilogue_config("dact", _act_code(activation), a.device)
+    assert slice_rows(a.shape[0], b.shape[0], b.shape[1], tiles.block_n) < b.shape[1], f"{label}: slices"
+    sliced = grouped_gemm_dact(*args, c, probs, activation, regenerate=True)
+    a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
+    whole = _grouped_gemm_dact_op(a16, aa.float(), b16, ba.float(), sizes, c, probs, _act_code(activation),
+                                  kernel_clamp(activation, None), True)
+    for name, out, ref in zip(("dC", "dp", "D"), sliced, whole):
+        assert_bytes_equal(out, ref, f"{label}: {name}")
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_dact_slices_change_no_bit(activation):
+    """F = 80 in 32-column tiles, the epilogue on their halves: slices of 32, 32 and 16 rows
+    (a last slice narrower than its tile)."""
+    with config.override(dact=Bf16GemmConfig(16, 32, 32, 4, 1, 3, epilogue_split=2)):
+        check_dact_slices(WIDE, activation, f"dact slices {activation}")
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: bigger shapes with the H200 tile config (pytest -m gpu)
 
@@ -393,6 +422,7 @@ def test_gpu_dact_split_epilogue(activation, tiles):
     with config.override(dact=tiles):
         check_dact(GPU_CASE, activation, True, True, f"gpu dact {activation} {tiles}")
         check_dact(GPU_CANCEL, activation, True, True, f"gpu dact {activation} {tiles} cancelling F=640")
+        check_dact_slices(GPU_SLICES, activation, f"gpu dact slices {activation} {tiles}")
 
 
 @pytest.mark.gpu

@@ -42,9 +42,9 @@ from nvfp4_inductor.kernels import config  # noqa: E402
 from nvfp4_inductor.kernels.config import Bf16GemmConfig  # noqa: E402
 from nvfp4_inductor.kernels.config import DequantConfig  # noqa: E402
 from nvfp4_inductor.kernels.dequantize import dequantize_bf16, dequantize_bf16_pair  # noqa: E402
-from nvfp4_inductor.kernels.grouped_gemm_bf16 import (_grouped_gemm_bf16_op, grouped_gemm_via_bf16,  # noqa: E402
-                                                       grouped_gemm_wgrad_via_bf16, weight_slice_rows)
-from nvfp4_inductor.sizes import weight_copy_slices  # noqa: E402
+from nvfp4_inductor.kernels.grouped_gemm_bf16 import (_grouped_gemm_bf16_op, _grouped_gemm_wgrad_bf16_op,  # noqa: E402
+                                                       grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16, slice_rows)
+from nvfp4_inductor.sizes import copy_slices  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if not kernels.available(DEVICE):
@@ -329,33 +329,44 @@ def test_same_result_as_reference_twins_on_quantized_tensors():
 
 
 def whole_copy_gemm(a, sa, aa, b, sb, ba, sizes):
-    """The GEMM on one bf16 copy of the whole weight stack (no slices)."""
+    """The fprop/dgrad GEMM on one bf16 copy of each whole operand (no slices)."""
     a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
     return _grouped_gemm_bf16_op(a16, aa.float(), b16, ba.float(), sizes)
 
 
+def whole_copy_wgrad(a, sa, aa, b, sb, ba, offsets):
+    a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
+    return _grouped_gemm_wgrad_bf16_op(a16, aa.float(), b16, ba.float(), offsets)
+
+
+SMALL_TILES = Bf16GemmConfig(16, 16, 32, 4, 1, 2)
+
+
 @pytest.mark.parametrize("step", STEPS, ids=str)
-def test_weight_slices_change_no_bit(step):
-    """A packed weight stack whose bf16 copy would be large beside the token operand's is
-    copied a slice of its rows (out's columns) at a time (sizes.weight_copy_slices): the
-    dgrads' result equals the whole copy's GEMM bit for bit -- slices of two tiles and a
-    partial one, K tails, empty groups, a zero-amax group."""
-    for which in ("fc1_dgrad", "fc2_dgrad"):
-        args, _ = fprop_case(step, which, salt="slices/")
-        a, b = args[0], args[3]
-        with config.override(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 2)):
-            rows = weight_slice_rows(a.shape[0], *b.shape[:2], a.device)
-            assert rows < b.shape[1], (step, which, rows)  # the case slices
-            assert_bytes_equal(grouped_gemm_via_bf16(*args), whole_copy_gemm(*args), f"{step} {which} sliced")
+def test_copy_slices_change_no_bit(step):
+    """An operand's bf16 copy made a slice of its rows (out's columns, or a wgrad's rows) at
+    a time where it is large beside the other's (sizes.copy_slices: the dgrads' weight
+    stacks, the wgrads' larger operand) gives the whole copies' result bit for bit --
+    slices of whole tiles and a partial one, K tails, empty groups, a zero-amax group."""
+    with config.override(fprop=SMALL_TILES, wgrad=SMALL_TILES):
+        for which in GEMMS + WGRADS:
+            wgrad = which in WGRADS
+            args, _ = (wgrad_case if wgrad else fprop_case)(step, which, salt="slices/")
+            a, b = args[0], args[3]
+            # the sliced operand and the other one's rows: the wgrads slice the one with more rows
+            (other, groups, rows) = (min(len(a), len(b)), 1, max(len(a), len(b))) if wgrad else (len(a), *b.shape[:2])
+            assert slice_rows(other, groups, rows, 16) < rows, which  # every GEMM here slices
+            whole = (whole_copy_wgrad if wgrad else whole_copy_gemm)(*args)
+            out = (grouped_gemm_wgrad_via_bf16 if wgrad else grouped_gemm_via_bf16)(*args)
+            assert_bytes_equal(out, whole, f"{step} {which}")
 
 
-def test_weight_copy_slices_rule():
-    """Each slice at most half the token operand's copy, at most 8; 1 for an unknown count."""
+def test_copy_slices_rule():
+    """Each slice at most half the other operand's copy, at most 8; 1 for an unknown size."""
     shapes = {"S1": (8, 16384, 4096), "S2": (8, 65536, 4096), "S3": (32, 32768, 2048), "S4": (128, 65536, 2048)}
-    assert {name: weight_copy_slices(t, g * h) for name, (g, t, h) in shapes.items()} == dict(S1=4, S2=1, S3=4, S4=8)
-    assert weight_copy_slices(100, 10) == 1 and weight_copy_slices(0, 10) == 1
-    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
-    assert weight_copy_slices(shape_env.create_unbacked_symint(), 4096) == 1
+    assert {name: copy_slices(t, g * h) for name, (g, t, h) in shapes.items()} == dict(S1=4, S2=1, S3=4, S4=8)
+    assert copy_slices(100, 10) == 1 and copy_slices(0, 10) == 1
+    assert copy_slices(torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint(), 4096) == 1
 
 
 def test_small_tiles_and_odd_k():
@@ -435,7 +446,7 @@ def test_gpu_grouped_gemm_via_bf16_big(n, k, tma):
         again = grouped_gemm_via_bf16(*args)
         # W1 / W2 copied in slices here (sizes.weight_copy_slices): 2 of 512 + 256 rows (n 768),
         # 4 of 512 (n 2048); equal bit for bit to the GEMM on the whole copy
-        assert weight_slice_rows(tokens, 8, n, a.device) < n
+        assert slice_rows(tokens, 8, n, 256) < n
         assert_bytes_equal(out, whole_copy_gemm(*args), f"gpu weight slices n={n} k={k} tma={tma}")
     ref, absref = fprop_ref(*args)
     rel = check_bound(out, ref, absref, k, f"gpu fprop via bf16 n={n} k={k} tma={tma}")
@@ -459,6 +470,9 @@ def test_gpu_grouped_gemm_wgrad_via_bf16_big(tma):
     with config.override(wgrad=Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma)):
         out = grouped_gemm_wgrad_via_bf16(*args)
         again = grouped_gemm_wgrad_via_bf16(*args)
+        # b copied in 2 slices of 512 rows (sizes.copy_slices): the whole copy's bits
+        assert slice_rows(768, 1, 1024, 256) == 512
+        assert_bytes_equal(out, whole_copy_wgrad(*args), f"gpu wgrad slices tma={tma}")
     ref, absref = wgrad_ref(*args)
     rel = check_bound(out, ref, absref, cap, f"gpu wgrad via bf16 tma={tma}")
     print(f"gpu grouped_gemm_wgrad_via_bf16 tma={tma}: relative error {rel:.3g}")

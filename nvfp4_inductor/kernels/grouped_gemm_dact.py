@@ -38,10 +38,11 @@ import triton.language as tl
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from .dequantize import bf16_operands
+from ..formats import is_deq_values
+from .dequantize import bf16_operands, dequantize_bf16, dequantize_rows_into
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
-from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
+from .grouped_gemm_bf16 import bf16_tile_acc, scale_bits, slice_rows, use_tma
 
 
 @triton.jit
@@ -51,75 +52,80 @@ def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
                    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
                    BM: tl.constexpr, BW: tl.constexpr):
-    """The epilogue of columns [col0, col0 + BW) of a tile: G's bits, the activation backward
-    (stores dC, D), and dprob's partials of those columns' runs of 16."""
+    """The epilogue of columns [col0, col0 + BW) of a tile, those below col_end (<= F): G's
+    bits, the activation backward (stores dC, D), and dprob's partials of those columns'
+    runs of 16."""
     cols = col0 + tl.arange(0, BW)
-    mask = row_ok[:, None] & (cols < F)[None, :]
+    mask = row_ok[:, None] & (cols < col_end)[None, :]
     g = widen(gemm_out_bits(acc, alpha))
     gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
     if HAS_PROBS:
         runs = _run_sums(gf, BM, BW)
         run = col0 // 16 + tl.arange(0, BW // 16)
-        tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs, mask=row_ok[:, None] & (run < NR)[None, :])
+        tl.store(part_ptr + arow[:, None] * NR + run[None, :], runs,
+                 mask=row_ok[:, None] & (run < col_end // 16)[None, :])
 
 
 @triton.jit
-def _dact_epilogue_half(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+def _dact_epilogue_half(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
                         ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
                         BM: tl.constexpr, BW: tl.constexpr, PARTS: tl.constexpr):
     """The epilogue of a half tile (BM, BW) at column col0, whole (PARTS 1) or in its two
     halves one after the other (PARTS 2)."""
     if PARTS == 1:
-        _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
+        _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
                        ACT, HAS_PROBS, REGEN, GPU, BM, BW)
     else:
         first, second = _halves(acc, BM, BW)
-        _dact_epilogue(first, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, F, NR, clamp,
-                       ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
-        _dact_epilogue(second, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BW // 2, F, NR, clamp,
-                       ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+        _dact_epilogue(first, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
+                       clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+        _dact_epilogue(second, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BW // 2, col_end, F,
+                       NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
 
 
 @triton.jit
 def _grouped_gemm_dact_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
     dc_ptr, part_ptr, d_ptr,
-    F, K, G, clamp,
+    F, K, G, clamp, col_start, FS,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
-    """a (T, K) bf16 (dY's deq()), b (G, F, K) bf16 (W2's column-wise deq()). SPLIT 2 or 4:
-    the epilogue runs on the tile's column halves or quarters one after the other (fewer
-    live registers than the whole tile's C, dC and D tiles at once)."""
+    """a (T, K) bf16 (dY's deq()), b (G, FS, K) bf16 (rows col_start + [0, FS) of each of W2's
+    column-wise deq() copies): G's columns col_start + [0, FS) of F. SPLIT 2 or 4: the
+    epilogue runs on the tile's column halves or quarters one after the other (fewer live
+    registers than the whole tile's C, dC and D tiles at once)."""
     NR = F // 16  # dprob partials per row
+    col_end = col_start + FS
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
-    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, F, G, BLOCK_G, BM, BN)
+    gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, FS, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
         grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
         rows = tm * BM + tl.arange(0, BM)
         row_ok = rows < size
         arow = (row0 + rows).to(tl.int64)
-        acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
+        acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * FS, FS, tn * BN, K,
                             BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+        col0 = col_start + tn * BN
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, grp)
         if HAS_PROBS:
             p = to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         else:
             p = 1.0  # unused
         if SPLIT == 1:
-            _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR, clamp,
-                           ACT, HAS_PROBS, REGEN, GPU, BM, BN)
+            _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
+                           clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN)
         else:
             left, right = _halves(acc, BM, BN)
-            _dact_epilogue_half(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN, F, NR,
+            _dact_epilogue_half(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
                                 clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
-            _dact_epilogue_half(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, tn * BN + BN // 2, F,
-                                NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
+            _dact_epilogue_half(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BN // 2,
+                                col_end, F, NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
 
 
 @triton.jit
@@ -134,16 +140,10 @@ def _dp_sum_kernel(part_ptr, dp_ptr, T, NR, BM: tl.constexpr):
     tl.store(dp_ptr + rows, total, mask=ok)
 
 
-@kernel_op("nvfp4_kernels::grouped_gemm_dact")
-def _grouped_gemm_dact_op(
-    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
-    group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
-    regenerate: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """a (T, K) bf16, b (G, F, K) bf16 (deq() values), contiguous. Returns (dC (T, F1) bf16,
-    dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
+def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, slice_rows, make_b):
+    """The body of both dact ops: (dC, dp, D) from G's columns made `slice_rows` at a time,
+    each slice's b (G, rows, K) bf16 from ``make_b(first, rows)``, dropped before the next."""
     tokens, k = a.shape
-    groups, f, _ = b.shape
     dc = c.new_empty(c.shape, dtype=torch.bfloat16)
     dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
@@ -152,21 +152,58 @@ def _grouped_gemm_dact_op(
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
     cfg = epilogue_config("dact", act, a.device)
     programs = num_programs(cfg, a.device)
-    launch(
-        _grouped_gemm_dact_kernel, (programs,),
-        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c,
-        p_ptr=probs if probs is not None else a_amax,
-        dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
-        F=f, K=k, G=groups, clamp=clamp,
-        ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
-        BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
-        TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
-    )
+    for first in range(0, f, slice_rows):
+        b = make_b(first, min(slice_rows, f - first))
+        groups = b.shape[0]
+        launch(
+            _grouped_gemm_dact_kernel, (programs,),
+            a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c,
+            p_ptr=probs if probs is not None else a_amax,
+            dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
+            F=f, K=k, G=groups, clamp=clamp, col_start=first, FS=b.shape[1],
+            ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
+            BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+            NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
+            TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
+        )
+        del b  # before the next slice's buffer is allocated
     if probs is not None:
         launch(_dp_sum_kernel, (cdiv(tokens, 128),), part_ptr=part, dp_ptr=dp, T=tokens, NR=f // 16,
                BM=128, num_warps=4)
     return dc, dp, d
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_dact")
+def _grouped_gemm_dact_op(
+    a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
+    group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
+    regenerate: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """a (T, K) bf16, b (G, F, K) bf16 (deq() values), contiguous. Returns (dC (T, F1) bf16,
+    dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
+    f = b.shape[1]
+    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, max(f, 1),
+                          lambda first, rows: b)
+
+
+@kernel_op("nvfp4_kernels::grouped_gemm_dact_slices")
+def _grouped_gemm_dact_slices_op(
+    a: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+    group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
+    regenerate: bool, slice_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_grouped_gemm_dact_op`` with b W2's packed column-wise copies, (G, F, K/2) uint8 and
+    (G, F, K/16) uint8 scale bits, contiguous, whose bf16 copy is made `slice_rows` of its F
+    rows (G's columns) at a time, as ``grouped_gemm_bf16._grouped_gemm_bf16_slices_op`` does."""
+    groups, f, half = b_data.shape
+    data, scale = b_data.view(groups * f, half), b_scale.view(groups * f, -1)
+
+    def make_b(first, rows):
+        b = a.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
+        dequantize_rows_into(b.view(groups * rows, 2 * half), data, scale, rows, f, first)
+        return b
+
+    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, slice_rows, make_b)
 
 
 def grouped_gemm_dact(
@@ -191,7 +228,9 @@ def grouped_gemm_dact(
 
     a: dY's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W2's column-wise
     copies (G, F, H/2), (G, F, H/16), amax (G,); c: the saved pre-activation (T, F1) bf16.
-    The bf16 deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call."""
+    The bf16 deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call;
+    W2's, when large beside dY's, is made a slice of its F rows at a time
+    (``grouped_gemm_bf16.slice_rows``)."""
     check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     f = b_data.shape[1]
@@ -202,9 +241,14 @@ def grouped_gemm_dact(
         raise ValueError(f"grouped_gemm_dact: probs must be ({a_data.shape[0]},), got {tuple(probs.shape)}")
     if probs is not None and f % 16:
         raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
-    a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
-    dc, dp, d = _grouped_gemm_dact_op(
-        a, a_amax.float().contiguous(), b, b_amax.float().contiguous(), group_sizes.contiguous(),
-        c.contiguous(), probs.contiguous() if probs is not None else None, act, clamp, bool(regenerate),
-    )
+    a_amax, b_amax, group_sizes = a_amax.float().contiguous(), b_amax.float().contiguous(), group_sizes.contiguous()
+    c, probs = c.contiguous(), probs.contiguous() if probs is not None else None
+    rows = slice_rows(a_data.shape[0], b_data.shape[0], f, epilogue_config("dact", act, a_data.device).block_n)
+    if is_deq_values(b_data) or rows == f:
+        a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
+        dc, dp, d = _grouped_gemm_dact_op(a, a_amax, b, b_amax, group_sizes, c, probs, act, clamp, bool(regenerate))
+    else:
+        a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
+        dc, dp, d = _grouped_gemm_dact_slices_op(a, a_amax, b_data.contiguous(), scale_bits(b_scale), b_amax,
+                                                 group_sizes, c, probs, act, clamp, bool(regenerate), rows)
     return dc, (dp if probs is not None else None), (d if regenerate else None)
