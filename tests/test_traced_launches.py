@@ -265,7 +265,7 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
         names = dict(zip(placeholders, input_names))
         calls = [n for n in gm.graph.nodes if n.op == "call_function"]
         out = dict(targets=sorted({str(n.target) for n in calls}), kernels=[], cloned_inputs=[], copied_inputs=[],
-                   seeds=[], symbolic_constexprs=[], shared_codes=0,
+                   seeds=[], symbolic_constexprs=[], shared_codes=0, aliased_outputs=[],
                    token_dim=str(placeholders[0].meta["val"].shape[0]))
         for n in calls:
             if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional:
@@ -279,6 +279,10 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                 for name in n.kwargs["tensors_to_clone"]:
                     if root(kwargs[name]) in names:
                         out["cloned_inputs"].append([kernel.__name__, name, names[root(kwargs[name])]])
+                # one tensor as two written arguments: Inductor copies it for one of them
+                written = [root(kwargs[name]) for name in n.kwargs["tensors_to_clone"]]
+                if len(set(written)) < len(written):
+                    out["aliased_outputs"].append([kernel.__name__, sorted(n.kwargs["tensors_to_clone"])])
                 constexprs = {p.name for p in kernel.params if p.is_constexpr}
                 for name, value in kwargs.items():
                     value = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
@@ -386,7 +390,7 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     does on a GPU, static and with a symbolic token count, and checks the graphs: (1) no
     fused or GEMM op left, only torch ops, launches and the seed op; (2) the cast, amax,
     dequantize and GEMM kernels launched; (3) the seeds drawn once in the backward, after dY;
-    (4) no graph input copied for a launch, the weights' casts encode once; (5) symbolic T
+    (4) no graph input copied for a launch, no tensor written as two arguments of one, the weights' casts encode once; (5) symbolic T
     stays symbolic (no guard pins it, no kernel constexpr takes it), with the same launches
     as the static trace; (6) a data-dependent T keeps the fused ops whole."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -424,6 +428,7 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
                 # (4) no graph input cloned or copied for a kernel
                 assert not graph["cloned_inputs"], f"{where}: inputs cloned for a launch: {graph['cloned_inputs']}"
                 assert not graph["copied_inputs"], f"{where}: inputs copied: {graph['copied_inputs']}"
+                assert not graph["aliased_outputs"], f"{where}: a tensor written as two arguments: {graph['aliased_outputs']}"
             # (2) the launches of each step: casts, amaxes, dequantizations and GEMMs
             quantize = {"_group_amax_kernel", "_group_cast_kernel", "_dequantize_kernel"}
             fw, bw = set(graphs["fw"]["kernels"]), set(graphs["bw"]["kernels"])

@@ -138,7 +138,9 @@ def dequantize_rows_into(out: torch.Tensor, data: torch.Tensor, scale: torch.Ten
     cfg = dequant_config()
     launch(
         _dequantize_kernel, (cdiv(out.shape[0], cfg.block_r), cdiv(half, cfg.block_c)),
-        a_data_ptr=data, a_scale_ptr=scale, a_out_ptr=out, RA=0,
+        # no rows of a: its output an empty tensor of its own (passed `out` twice, a traced
+        # launch would have two outputs alias, and Inductor copies one of them first)
+        a_data_ptr=data, a_scale_ptr=scale, a_out_ptr=out.new_empty(0), RA=0,
         b_data_ptr=data, b_scale_ptr=scale, b_out_ptr=out, RB=out.shape[0], C2=half,
         b_rpg=rows_per_group, b_stride=group_rows, b_off=first_row,
         BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
