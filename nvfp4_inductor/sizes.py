@@ -16,18 +16,24 @@ def size_hint(n) -> Optional[int]:
     return n.node.hint if isinstance(n, torch.SymInt) else int(n)
 
 
-def copy_slices(other_rows, rows: int) -> int:
-    """How many slices of its rows a GEMM's bf16 copy of a packed operand of `rows` rows is
-    made in, one after the other, beside the whole copy of its other operand (`other_rows`
-    rows; both copies are K wide), where bf16 tensor cores need the copies (the Triton
-    target, kernels/grouped_gemm_bf16.py): enough that each slice is at most half the other
-    copy, at most 8, since each slice is two more launches. The sliced operands are fc1's
-    dgrad's W1 (G x H rows against dC's T) and fc1's wgrad's x (H rows against dC's F1):
-    at fc1's backward GEMMs, the step's memory peak, those copies are the excess over BF16,
-    which holds dC there too but no copy of W1 or x. 1 (the whole copy) for a
-    data-dependent size. Slices of fc1's dgrad at the benchmark shapes: S1 4, S3 4, S4 8,
-    S2 1 (benchmarks/NOTES.md)."""
-    hint = size_hint(other_rows)
+# The fewest of out's columns a slice of a weight's bf16 copy is given: each slice's GEMM
+# reads the whole token operand again, which narrower slices did not hide (benchmarks/NOTES.md
+# run M5: W1 in 256-column slices at S4, +0.3 ms; 1024-column ones at S1, no change).
+MIN_SLICE_ROWS = 1024
+
+
+def copy_slices(tokens, groups: int, rows: int, min_rows: int = MIN_SLICE_ROWS) -> int:
+    """How many slices of its rows (out's columns) the bf16 copy of a packed weight stack of
+    `groups` experts x `rows` rows is made in, one after the other, beside the copy of a
+    token operand of `tokens` rows (both copies K wide), where bf16 tensor cores need the
+    copies (the Triton target's dgrads, kernels/grouped_gemm_bf16.py and
+    grouped_gemm_dact.py): enough that each slice is at most half the token operand's copy,
+    but no slice under `min_rows` rows and at most 8 (each slice is two more launches).
+    At fc1's and fc2's dgrads the weight's copy is an excess over BF16 at the step's memory
+    peak (BF16 holds the token-side gradient there too, no copy of a weight). 1 (the whole
+    copy) for a data-dependent token count. fc1's dgrad at the benchmark shapes: S1 4, S2 1,
+    S3 2, S4 2 (benchmarks/NOTES.md)."""
+    hint = size_hint(tokens)
     if not hint:
         return 1
-    return min(max(-(-2 * rows // hint), 1), 8)
+    return max(min(-(-2 * groups * rows // hint), rows // min_rows, 8), 1)

@@ -375,7 +375,7 @@ def check_dact_slices(case, activation, label):
     args, c, probs = dgrad_inputs(case, activation, True, label)
     a, sa, aa, b, sb, ba, sizes = args
     tiles = epilogue_config("dact", _act_code(activation), a.device)
-    assert slice_rows(a.shape[0], b.shape[0], b.shape[1], tiles.block_n) < b.shape[1], f"{label}: slices"
+    assert slice_rows(a.shape[0], b.shape[0], b.shape[1], tiles) < b.shape[1], f"{label}: slices"
     sliced = grouped_gemm_dact(*args, c, probs, activation, regenerate=True)
     a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
     whole = _grouped_gemm_dact_op(a16, aa.float(), b16, ba.float(), sizes, c, probs, _act_code(activation),
@@ -388,7 +388,7 @@ def check_dact_slices(case, activation, label):
 def test_dact_slices_change_no_bit(activation):
     """F = 80 in 32-column tiles, the epilogue on their halves: slices of 32, 32 and 16 rows
     (a last slice narrower than its tile)."""
-    with config.override(dact=Bf16GemmConfig(16, 32, 32, 4, 1, 3, epilogue_split=2)):
+    with config.override(dact=Bf16GemmConfig(16, 32, 32, 4, 1, 3, epilogue_split=2, min_slice_rows=16)):
         check_dact_slices(WIDE, activation, f"dact slices {activation}")
 
 
@@ -422,6 +422,7 @@ def test_gpu_dact_split_epilogue(activation, tiles):
     with config.override(dact=tiles):
         check_dact(GPU_CASE, activation, True, True, f"gpu dact {activation} {tiles}")
         check_dact(GPU_CANCEL, activation, True, True, f"gpu dact {activation} {tiles} cancelling F=640")
+    with config.override(dact=dataclasses.replace(tiles, min_slice_rows=128)):
         check_dact_slices(GPU_SLICES, activation, f"gpu dact slices {activation} {tiles}")
 
 

@@ -42,8 +42,8 @@ from nvfp4_inductor.kernels import config  # noqa: E402
 from nvfp4_inductor.kernels.config import Bf16GemmConfig  # noqa: E402
 from nvfp4_inductor.kernels.config import DequantConfig  # noqa: E402
 from nvfp4_inductor.kernels.dequantize import dequantize_bf16, dequantize_bf16_pair  # noqa: E402
-from nvfp4_inductor.kernels.grouped_gemm_bf16 import (_grouped_gemm_bf16_op, _grouped_gemm_wgrad_bf16_op,  # noqa: E402
-                                                       grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16, slice_rows)
+from nvfp4_inductor.kernels.grouped_gemm_bf16 import (_grouped_gemm_bf16_op, grouped_gemm_via_bf16,  # noqa: E402
+                                                       grouped_gemm_wgrad_via_bf16, slice_rows)
 from nvfp4_inductor.sizes import copy_slices  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -329,44 +329,37 @@ def test_same_result_as_reference_twins_on_quantized_tensors():
 
 
 def whole_copy_gemm(a, sa, aa, b, sb, ba, sizes):
-    """The fprop/dgrad GEMM on one bf16 copy of each whole operand (no slices)."""
+    """The GEMM on one bf16 copy of each whole operand (no slices)."""
     a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
     return _grouped_gemm_bf16_op(a16, aa.float(), b16, ba.float(), sizes)
 
 
-def whole_copy_wgrad(a, sa, aa, b, sb, ba, offsets):
-    a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
-    return _grouped_gemm_wgrad_bf16_op(a16, aa.float(), b16, ba.float(), offsets)
-
-
-SMALL_TILES = Bf16GemmConfig(16, 16, 32, 4, 1, 2)
+# 16x16 tiles, weight copies in slices of 16 rows or more
+SMALL_SLICES = Bf16GemmConfig(16, 16, 32, 4, 1, 2, min_slice_rows=16)
 
 
 @pytest.mark.parametrize("step", STEPS, ids=str)
 def test_copy_slices_change_no_bit(step):
-    """An operand's bf16 copy made a slice of its rows (out's columns, or a wgrad's rows) at
-    a time where it is large beside the other's (sizes.copy_slices: the dgrads' weight
-    stacks, the wgrads' larger operand) gives the whole copies' result bit for bit --
-    slices of whole tiles and a partial one, K tails, empty groups, a zero-amax group."""
-    with config.override(fprop=SMALL_TILES, wgrad=SMALL_TILES):
-        for which in GEMMS + WGRADS:
-            wgrad = which in WGRADS
-            args, _ = (wgrad_case if wgrad else fprop_case)(step, which, salt="slices/")
+    """A packed weight stack's bf16 copy made a slice of its rows (out's columns) at a time
+    where it is large beside the token operand's (sizes.copy_slices) gives the whole copy's
+    result bit for bit -- slices of whole tiles and a partial one, K tails, empty groups, a
+    zero-amax group."""
+    with config.override(fprop=SMALL_SLICES):
+        for which in GEMMS:
+            args, _ = fprop_case(step, which, salt="slices/")
             a, b = args[0], args[3]
-            # the sliced operand and the other one's rows: the wgrads slice the one with more rows
-            (other, groups, rows) = (min(len(a), len(b)), 1, max(len(a), len(b))) if wgrad else (len(a), *b.shape[:2])
-            assert slice_rows(other, groups, rows, 16) < rows, which  # every GEMM here slices
-            whole = (whole_copy_wgrad if wgrad else whole_copy_gemm)(*args)
-            out = (grouped_gemm_wgrad_via_bf16 if wgrad else grouped_gemm_via_bf16)(*args)
-            assert_bytes_equal(out, whole, f"{step} {which}")
+            assert slice_rows(len(a), *b.shape[:2], SMALL_SLICES) < b.shape[1], which  # every GEMM here slices
+            assert_bytes_equal(grouped_gemm_via_bf16(*args), whole_copy_gemm(*args), f"{step} {which}")
 
 
 def test_copy_slices_rule():
-    """Each slice at most half the other operand's copy, at most 8; 1 for an unknown size."""
+    """Each slice at most half the token operand's copy, no slice under the minimum rows, at
+    most 8; 1 for an unknown token count."""
     shapes = {"S1": (8, 16384, 4096), "S2": (8, 65536, 4096), "S3": (32, 32768, 2048), "S4": (128, 65536, 2048)}
-    assert {name: copy_slices(t, g * h) for name, (g, t, h) in shapes.items()} == dict(S1=4, S2=1, S3=4, S4=8)
-    assert copy_slices(100, 10) == 1 and copy_slices(0, 10) == 1
-    assert copy_slices(torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint(), 4096) == 1
+    assert {name: copy_slices(t, g, h) for name, (g, t, h) in shapes.items()} == dict(S1=4, S2=1, S3=2, S4=2)
+    assert copy_slices(65536, 128, 2048, min_rows=128) == 8 and copy_slices(16384, 8, 768) == 1
+    assert copy_slices(100, 1, 10, min_rows=1) == 1 and copy_slices(0, 1, 10) == 1
+    assert copy_slices(torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint(), 8, 4096) == 1
 
 
 def test_small_tiles_and_odd_k():
@@ -441,12 +434,13 @@ def test_gpu_grouped_gemm_via_bf16_big(n, k, tma):
     b, sb = nvfp4(8, n, k // 2, gen=gen)
     aa, ba = torch.rand(8, device=DEVICE) * 4, torch.rand(8, device=DEVICE) * 4
     args = (a, sa, aa, b, sb, ba, sizes)
-    with config.override(fprop=Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma)):
+    tiles = Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma, min_slice_rows=256)
+    with config.override(fprop=tiles):
         out = grouped_gemm_via_bf16(*args)
         again = grouped_gemm_via_bf16(*args)
-        # W1 / W2 copied in slices here (sizes.weight_copy_slices): 2 of 512 + 256 rows (n 768),
-        # 4 of 512 (n 2048); equal bit for bit to the GEMM on the whole copy
-        assert slice_rows(tokens, 8, n, 256) < n
+        # the weight copied in slices (sizes.copy_slices): 512 + 256 rows (n 768), 4 x 512
+        # (n 2048); equal bit for bit to the GEMM on the whole copy
+        assert slice_rows(tokens, 8, n, tiles) == 512
         assert_bytes_equal(out, whole_copy_gemm(*args), f"gpu weight slices n={n} k={k} tma={tma}")
     ref, absref = fprop_ref(*args)
     rel = check_bound(out, ref, absref, k, f"gpu fprop via bf16 n={n} k={k} tma={tma}")
@@ -470,9 +464,6 @@ def test_gpu_grouped_gemm_wgrad_via_bf16_big(tma):
     with config.override(wgrad=Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma)):
         out = grouped_gemm_wgrad_via_bf16(*args)
         again = grouped_gemm_wgrad_via_bf16(*args)
-        # b copied in 2 slices of 512 rows (sizes.copy_slices): the whole copy's bits
-        assert slice_rows(768, 1, 1024, 256) == 512
-        assert_bytes_equal(out, whole_copy_wgrad(*args), f"gpu wgrad slices tma={tma}")
     ref, absref = wgrad_ref(*args)
     rel = check_bound(out, ref, absref, cap, f"gpu wgrad via bf16 tma={tma}")
     print(f"gpu grouped_gemm_wgrad_via_bf16 tma={tma}: relative error {rel:.3g}")

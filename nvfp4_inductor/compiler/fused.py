@@ -312,22 +312,18 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
     deq() copies of its packed operands for its duration, and the one that runs second
     makes them beside both of fc1's gradients, dX and dW1 (and dW2 and Y): the step's
     memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%).
-    The wgrad's copies are dC's column-wise one and x's (the larger of the two made a slice
-    at a time, ``sizes.copy_slices``), the dgrad's dC's row-wise one and W1's (made a slice
-    at a time): about T x F1 + T x H / slices (H > F1) against T x F1 + G x F1 x H / slices.
-    The smaller set goes second. Packed sizes stand for the copies' (both 2 elements a byte); a traced token
-    count is read without a guard (neither GEMM draws random bits, so the order changes no
-    result, only the peak), and a data-dependent one, which has no example value, keeps
-    the dgrad last."""
-    sizes = [size_hint(t.numel()) for t in (dc_col_data, x_col_data, dc_row_data, w1_col_data)]
+    The wgrad's copies are x's and dC's column-wise ones (T x (H + F1) elements), the
+    dgrad's dC's row-wise one and W1's, made a slice at a time (``sizes.copy_slices``:
+    T x F1 + G x F1 x H / slices): the smaller set goes second. Packed sizes stand for the
+    copies' (both 2 elements a byte); a traced token count is read without a guard
+    (neither GEMM draws random bits, so the order changes no result, only the peak), and a
+    data-dependent one, which has no example value, keeps the dgrad last."""
+    sizes = [size_hint(t.numel()) for t in (x_col_data, dc_col_data, dc_row_data, w1_col_data)]
     if None in sizes:
         return False
-    dc_col, x_col, dc_row, w1_col = sizes
+    x_col, dc_col, dc_row, w1_col = sizes
     groups, hidden = w1_col_data.shape[:2]
-    (small_rows, small), (large_rows, large) = sorted([(dc_col_data.shape[0], dc_col), (hidden, x_col)])
-    wgrad_copies = small + large // copy_slices(small_rows, large_rows)
-    dgrad_copies = dc_row + w1_col // copy_slices(dc_row_data.shape[0], groups * hidden)
-    return wgrad_copies < dgrad_copies
+    return x_col + dc_col < dc_row + w1_col // copy_slices(dc_row_data.shape[0], groups, hidden)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):

@@ -138,13 +138,11 @@ def _grouped_gemm_bf16_kernel(
 @triton.jit
 def _grouped_gemm_wgrad_bf16_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, offsets_ptr, out_ptr,
-    N, M, P, G, out_rows, out_cols, out_row, out_col,
+    N, M, P, G,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, TMA: tl.constexpr,
 ):
-    """a (N, P) bf16, b (M, P) bf16: alpha_g * a[:, p_g:p_g+1] . b[:, ...]^T (N, M) into rows
-    out_row + [0, N) and columns out_col + [0, M) of out[g] of out (G, out_rows, out_cols)
-    (the whole out: N, M, 0, 0)."""
+    """a (N, P) bf16, b (M, P) bf16, out (G, N, M) bf16: out[g] = alpha_g * a[:, p_g:p_g+1] . b[:, ...]^T."""
     for tile in tl.range(tl.program_id(0), G * tl.cdiv(N, BN) * tl.cdiv(M, BM), NUM_PROGRAMS):
         g, tm, tn = wgrad_tile(tile, N, M, BN, BM)
         k_start = tl.multiple_of(tl.load(offsets_ptr + g).to(tl.int32), 16)
@@ -175,8 +173,7 @@ def _grouped_gemm_wgrad_bf16_kernel(
                 a_ptrs += BK
                 b_ptrs += BK
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, g)
-        out_ptrs = (out_ptr + (g.to(tl.int64) * out_rows + out_row + rows_a)[:, None] * out_cols
-                    + (out_col + rows_b)[None, :])
+        out_ptrs = out_ptr + (g.to(tl.int64) * N + rows_a)[:, None] * M + rows_b[None, :]
         store_bf16(out_ptrs, acc, alpha, a_ok[:, None] & b_ok[None, :])
 
 
@@ -269,26 +266,6 @@ def _grouped_gemm_bf16_slices_op(
     return out
 
 
-def _launch_wgrad(a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
-                  padded_offsets: torch.Tensor, out: torch.Tensor, out_row: int, out_col: int) -> None:
-    """Launch: out[g] = alpha_g * a[:, p_g] . b[:, p_g]^T, a (N, P) and b (M, P) bf16, into
-    rows out_row + [0, N) and columns out_col + [0, M) of out (G, *, *)."""
-    n, p = a.shape
-    m = b.shape[0]
-    cfg = bf16_gemm_config("wgrad", a.device)
-    tma = use_tma(cfg, a.device, p)
-    programs = num_programs(cfg, a.device)
-    # the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
-    launch(
-        _grouped_gemm_wgrad_bf16_kernel, (programs,),
-        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, offsets_ptr=padded_offsets, out_ptr=out,
-        N=n, M=m, P=p, G=padded_offsets.shape[0] - 1, out_rows=out.shape[1], out_cols=out.shape[2],
-        out_row=out_row, out_col=out_col,
-        BM=cfg.block_n, BN=cfg.block_m, BK=cfg.block_k,
-        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, TMA=tma, num_warps=cfg.num_warps,
-    )
-
-
 @kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16")
 def _grouped_gemm_wgrad_bf16_op(
     a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor, padded_offsets: torch.Tensor,
@@ -302,36 +279,16 @@ def _grouped_gemm_wgrad_bf16_op(
         return out
     if p == 0:
         return out.zero_()
-    _launch_wgrad(a, a_amax, b, b_amax, padded_offsets, out, 0, 0)
-    return out
-
-
-@kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16_slices")
-def _grouped_gemm_wgrad_bf16_slices_op(
-    whole: torch.Tensor, whole_amax: torch.Tensor, part_data: torch.Tensor, part_scale: torch.Tensor,
-    part_amax: torch.Tensor, padded_offsets: torch.Tensor, slice_rows: int, part_is_a: bool,
-) -> torch.Tensor:
-    """``_grouped_gemm_wgrad_bf16_op`` with one operand (a if `part_is_a`, else b) packed, (R,
-    P/2) uint8 and (R, P/16) uint8 scale bits, contiguous, the other a bf16 copy: the packed
-    one's bf16 copy is made `slice_rows` rows (out's rows for a, columns for b) at a time,
-    as ``_grouped_gemm_bf16_slices_op`` does. -> (G, N, M) bf16, equal bit for bit to the
-    whole copies' GEMM."""
-    rows, p = part_data.shape[0], whole.shape[1]
-    n, m = (rows, whole.shape[0]) if part_is_a else (whole.shape[0], rows)
-    groups = padded_offsets.shape[0] - 1
-    out = whole.new_empty(groups, n, m, dtype=torch.bfloat16)
-    if out.numel() == 0:
-        return out
-    if p == 0:
-        return out.zero_()
-    for first in range(0, rows, slice_rows):
-        part = whole.new_empty(min(slice_rows, rows - first), p, dtype=torch.bfloat16)
-        dequantize_rows_into(part, part_data, part_scale, part.shape[0], rows, first)
-        if part_is_a:
-            _launch_wgrad(part, part_amax, whole, whole_amax, padded_offsets, out, first, 0)
-        else:
-            _launch_wgrad(whole, whole_amax, part, part_amax, padded_offsets, out, 0, first)
-        del part  # before the next slice's buffer is allocated
+    cfg = bf16_gemm_config("wgrad", a.device)
+    tma = use_tma(cfg, a.device, p)
+    programs = num_programs(cfg, a.device)
+    # the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
+    launch(
+        _grouped_gemm_wgrad_bf16_kernel, (programs,),
+        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, offsets_ptr=padded_offsets, out_ptr=out,
+        N=n, M=m, P=p, G=groups, BM=cfg.block_n, BN=cfg.block_m, BK=cfg.block_k,
+        NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, TMA=tma, num_warps=cfg.num_warps,
+    )
     return out
 
 
@@ -356,7 +313,7 @@ def grouped_gemm_via_bf16(
     check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
     a_amax, b_amax, group_sizes = a_amax.float().contiguous(), b_amax.float().contiguous(), group_sizes.contiguous()
     groups, n = b_data.shape[:2]
-    rows = slice_rows(a_data.shape[0], groups, n, bf16_gemm_config("fprop", a_data.device).block_n)
+    rows = slice_rows(a_data.shape[0], groups, n, bf16_gemm_config("fprop", a_data.device))
     if is_deq_values(b_data) or rows == n:
         a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
         return _grouped_gemm_bf16_op(a, a_amax, b, b_amax, group_sizes)
@@ -376,31 +333,21 @@ def grouped_gemm_wgrad_via_bf16(
 ) -> torch.Tensor:
     """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
     E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,), multiples of 16,
-    on the device. Returns (G, N, M) bf16 (zeros for an empty group). The bf16 deq() copies
-    live only inside this call; the larger one, when large beside the other, is made a slice
-    of its rows at a time (``slice_rows``)."""
+    on the device. Returns (G, N, M) bf16 (zeros for
+    an empty group). The bf16 deq() copies live only inside this call."""
     check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
-    a_amax, b_amax, offsets = a_amax.float().contiguous(), b_amax.float().contiguous(), padded_offsets.contiguous()
-    # the operand with more rows is the one sliced, if either is
-    part_is_a = a_data.shape[0] > b_data.shape[0]
-    (whole, whole_scale, whole_amax), (part, part_scale, part_amax) = (
-        ((b_data, b_scale, b_amax), (a_data, a_scale, a_amax)) if part_is_a
-        else ((a_data, a_scale, a_amax), (b_data, b_scale, b_amax)))
-    cfg = bf16_gemm_config("wgrad", a_data.device)  # (its block_m tiles a's rows, block_n b's)
-    rows = slice_rows(whole.shape[0], 1, part.shape[0], cfg.block_m if part_is_a else cfg.block_n)
-    if rows == part.shape[0]:
-        a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
-        return _grouped_gemm_wgrad_bf16_op(a, a_amax, b, b_amax, offsets)
-    return _grouped_gemm_wgrad_bf16_slices_op(dequantize_bf16(whole, whole_scale), whole_amax, part.contiguous(),
-                                              scale_bits(part_scale), part_amax, offsets, rows, part_is_a)
+    a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
+    return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
+                                       padded_offsets.contiguous())
 
 
-def slice_rows(other_rows: int, groups: int, rows: int, block: int) -> int:
-    """Rows of each of b's `groups` groups of `rows` rows (out's columns) whose bf16 copy is
-    made at a time: ``sizes.copy_slices`` slices of the G x rows, each a whole number of the
-    GEMM's `block`-row tiles of b (`rows`: the whole copy at once)."""
-    slices = copy_slices(other_rows, groups * rows)
-    return min(max(-(-rows // slices // block), 1) * block, rows) if slices > 1 else rows
+def slice_rows(tokens, groups: int, rows: int, cfg: Bf16GemmConfig) -> int:
+    """Rows of each of a weight stack's `groups` experts of `rows` rows (out's columns) whose
+    bf16 copy is made at a time beside the copy of `tokens` token rows: ``sizes.copy_slices``
+    slices of at least ``cfg.min_slice_rows`` rows, each a whole number of the GEMM's
+    ``cfg.block_n``-column tiles (`rows`: the whole copy at once)."""
+    slices = copy_slices(tokens, groups, rows, cfg.min_slice_rows)
+    return min(max(-(-rows // slices // cfg.block_n), 1) * cfg.block_n, rows) if slices > 1 else rows
 
 
 def scale_bits(scale: torch.Tensor) -> torch.Tensor:

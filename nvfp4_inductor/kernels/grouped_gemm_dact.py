@@ -243,7 +243,7 @@ def grouped_gemm_dact(
         raise ValueError(f"grouped_gemm_dact: dp sums runs of 16 columns; F = {f} is not a multiple of 16")
     a_amax, b_amax, group_sizes = a_amax.float().contiguous(), b_amax.float().contiguous(), group_sizes.contiguous()
     c, probs = c.contiguous(), probs.contiguous() if probs is not None else None
-    rows = slice_rows(a_data.shape[0], b_data.shape[0], f, epilogue_config("dact", act, a_data.device).block_n)
+    rows = slice_rows(a_data.shape[0], b_data.shape[0], f, epilogue_config("dact", act, a_data.device))
     if is_deq_values(b_data) or rows == f:
         a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
         dc, dp, d = _grouped_gemm_dact_op(a, a_amax, b, b_amax, group_sizes, c, probs, act, clamp, bool(regenerate))
