@@ -54,7 +54,7 @@ from ..lowerings.inline import target_op
 from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
-from ..sizes import copy_slices, size_hint
+from ..sizes import size_hint
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 
 LIB = "nvfp4"
@@ -312,18 +312,20 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
     deq() copies of its packed operands for its duration, and the one that runs second
     makes them beside both of fc1's gradients, dX and dW1 (and dW2 and Y): the step's
     memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%).
-    The wgrad's copies are x's and dC's column-wise ones (T x (H + F1) elements), the
-    dgrad's dC's row-wise one and W1's, made a slice at a time (``sizes.copy_slices``:
-    T x F1 + G x F1 x H / slices): the smaller set goes second. Packed sizes stand for the
-    copies' (both 2 elements a byte); a traced token count is read without a guard
+    The wgrad's copies are x's and dC's column-wise ones (about T x (H + F1) elements),
+    the dgrad's W1's and dC's row-wise ones (G x F1 x H + T x F1): the smaller set goes
+    second, so the wgrad goes last about when T < G x F1 (S4: 65536 tokens against 128 x
+    768). The order is chosen on whole copies, as measured then: W1's copy made in slices
+    (``sizes.copy_slices``) only lowers the dgrad's side, and an order chosen on the slices
+    measured higher peaks at S3 and S4 (benchmarks/NOTES.md run M6). Packed sizes stand for
+    the copies' (both 2 elements a byte); a traced token count is read without a guard
     (neither GEMM draws random bits, so the order changes no result, only the peak), and a
     data-dependent one, which has no example value, keeps the dgrad last."""
-    sizes = [size_hint(t.numel()) for t in (x_col_data, dc_col_data, dc_row_data, w1_col_data)]
-    if None in sizes:
+    wgrad_copies = [size_hint(x_col_data.numel()), size_hint(dc_col_data.numel())]
+    dgrad_copies = [size_hint(w1_col_data.numel()), size_hint(dc_row_data.numel())]
+    if None in wgrad_copies + dgrad_copies:
         return False
-    x_col, dc_col, dc_row, w1_col = sizes
-    groups, hidden = w1_col_data.shape[:2]
-    return x_col + dc_col < dc_row + w1_col // copy_slices(dc_row_data.shape[0], groups, hidden)
+    return sum(wgrad_copies) < sum(dgrad_copies)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
