@@ -46,8 +46,8 @@ def compile_epilogue(kind: str, activation: str, cfg, shape: str = "S4") -> byte
                                                  **common)
     else:
         kernel = _grouped_gemm_dact_kernel.warmup(bf, f32, bf, f32, sizes, bf, f32, bf, f32, bf, ffn, hidden,
-                                                  groups, 1.0, REGEN=kind == "dact", SPLIT=cfg.epilogue_split,
-                                                  **common)
+                                                  groups, 1.0, 0, ffn,  # col_start, FS: the whole copy
+                                                  REGEN=kind == "dact", SPLIT=cfg.epilogue_split, **common)
     return kernel.asm["cubin"]
 
 

@@ -18,7 +18,8 @@ def size_hint(n) -> Optional[int]:
 
 # The fewest of out's columns a slice of a weight's bf16 copy is given: each slice's GEMM
 # reads the whole token operand again, which narrower slices did not hide (benchmarks/NOTES.md
-# run M5: W1 in 256-column slices at S4, +0.3 ms; 1024-column ones at S1, no change).
+# run M5: the dgrads' weight copies in 256-column slices at S4, +0.3 ms a step; 1024-column
+# ones at S1, no change).
 MIN_SLICE_ROWS = 1024
 
 

@@ -205,22 +205,31 @@ def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
 # Ops on bf16 operands
 
 
-def _launch_fprop(a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor,
-                  group_sizes: torch.Tensor, out: torch.Tensor, out_col: int) -> None:
-    """Launch: alpha_g * a_g . b_g^T, a (T, K) and b (G, N, K) bf16, into columns
-    out_col + [0, N) of out (T, *)."""
-    k = a.shape[1]
-    groups, n, _ = b.shape
+def _fprop_launches(a: torch.Tensor, a_amax: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
+                    groups: int, n: int, slice_rows: int, make_b) -> torch.Tensor:
+    """The body of both fprop ops: out (T, n) bf16 = alpha_g * a_g . b_g^T, a (T, K) bf16,
+    made `slice_rows` of out's columns at a time, each slice's b (G, rows, K) bf16 from
+    ``make_b(first, rows)``, dropped before the next."""
+    tokens, k = a.shape
+    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
+    if tokens == 0 or n == 0:
+        return out
+    if k == 0 or groups == 0:
+        return out.zero_()
     cfg = bf16_gemm_config("fprop", a.device)
     tma = use_tma(cfg, a.device, k)
     programs = num_programs(cfg, a.device)
-    launch(
-        _grouped_gemm_bf16_kernel, (programs,),
-        a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
-        N=n, K=k, G=groups, out_stride=out.shape[1], out_col=out_col, BLOCK_G=max(next_power_of_2(groups), 2),
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
-        EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
-    )
+    for first in range(0, n, slice_rows):
+        b = make_b(first, min(slice_rows, n - first))
+        launch(
+            _grouped_gemm_bf16_kernel, (programs,),
+            a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
+            N=b.shape[1], K=k, G=groups, out_stride=n, out_col=first, BLOCK_G=max(next_power_of_2(groups), 2),
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
+            EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
+        )
+        del b  # before the next slice's buffer is allocated
+    return out
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_bf16")
@@ -228,15 +237,8 @@ def _grouped_gemm_bf16_op(
     a: torch.Tensor, a_amax: torch.Tensor, b: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
 ) -> torch.Tensor:
     """a (T, K) bf16, b (G, N, K) bf16 (deq() values), amax (G,) fp32; contiguous. -> (T, N) bf16."""
-    tokens, k = a.shape
     groups, n, _ = b.shape
-    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
-    if tokens == 0 or n == 0:
-        return out
-    if k == 0 or groups == 0:
-        return out.zero_()
-    _launch_fprop(a, a_amax, b, b_amax, group_sizes, out, 0)
-    return out
+    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, n, lambda first, rows: b)
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_bf16_slices")
@@ -249,21 +251,15 @@ def _grouped_gemm_bf16_slices_op(
     rows (out's columns) at a time, each slice dequantized into a buffer of its own and
     multiplied into its columns of out before the next is made (a freed buffer is what the
     next one takes). -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
-    tokens, k = a.shape
-    groups, n, _ = b_data.shape
-    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
-    if tokens == 0 or n == 0:
-        return out
-    if k == 0 or groups == 0:
-        return out.zero_()
-    data, scale = b_data.view(groups * n, -1), b_scale.view(groups * n, -1)
-    for first in range(0, n, slice_rows):
-        rows = min(slice_rows, n - first)
-        b = a.new_empty(groups, rows, k, dtype=torch.bfloat16)
-        dequantize_rows_into(b.view(groups * rows, k), data, scale, rows, n, first)
-        _launch_fprop(a, a_amax, b, b_amax, group_sizes, out, first)
-        del b  # before the next slice's buffer is allocated
-    return out
+    groups, n, half = b_data.shape
+    data, scale = b_data.view(groups * n, half), b_scale.view(groups * n, -1)
+
+    def make_b(first, rows):
+        b = a.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
+        dequantize_rows_into(b.view(groups * rows, 2 * half), data, scale, rows, n, first)
+        return b
+
+    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, slice_rows, make_b)
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16")

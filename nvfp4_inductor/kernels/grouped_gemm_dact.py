@@ -35,10 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formats import is_deq_values
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from ..formats import is_deq_values
 from .dequantize import bf16_operands, dequantize_bf16, dequantize_rows_into
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
@@ -182,7 +182,7 @@ def _grouped_gemm_dact_op(
     """a (T, K) bf16, b (G, F, K) bf16 (deq() values), contiguous. Returns (dC (T, F1) bf16,
     dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
     f = b.shape[1]
-    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, max(f, 1),
+    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, f,
                           lambda first, rows: b)
 
 
