@@ -128,23 +128,28 @@ def _dequantize_op(
     return a_out, b_out
 
 
-def dequantize_rows_into(out: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, rows_per_group: int,
-                         group_rows: int, first_row: int) -> None:
-    """Launch: deq() of rows [first_row, first_row + rows_per_group) of every group of
-    `group_rows` rows of data (R, C/2) / scale (R, C/16) uint8 bits (both contiguous) into
-    out (R / group_rows * rows_per_group, C) bf16, group after group. For a kernel op's body
-    that makes a weight stack's copy a slice at a time (grouped_gemm_bf16.py)."""
-    half = data.shape[1]
+def weight_slices(data: torch.Tensor, scale: torch.Tensor):
+    """For a kernel op's body that makes a packed weight stack's bf16 copy a slice at a time
+    (grouped_gemm_bf16.py, grouped_gemm_dact.py): data (G, N, C/2) uint8 and scale (G, N,
+    C/16) uint8 bits, contiguous -> a function (first, rows) that launches the deq() of rows
+    [first, first + rows) of every expert into a new (G, rows, C) bf16 tensor and returns it."""
+    groups, n, half = data.shape
+    rows_data, rows_scale = data.view(groups * n, half), scale.view(groups * n, -1)
     cfg = dequant_config()
-    launch(
-        _dequantize_kernel, (cdiv(out.shape[0], cfg.block_r), cdiv(half, cfg.block_c)),
-        # no rows of a: its output an empty tensor of its own (passed `out` twice, a traced
-        # launch would have two outputs alias, and Inductor copies one of them first)
-        a_data_ptr=data, a_scale_ptr=scale, a_out_ptr=out.new_empty(0), RA=0,
-        b_data_ptr=data, b_scale_ptr=scale, b_out_ptr=out, RB=out.shape[0], C2=half,
-        b_rpg=rows_per_group, b_stride=group_rows, b_off=first_row,
-        BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
-    )
+
+    def make(first: int, rows: int) -> torch.Tensor:
+        out = data.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
+        launch(
+            _dequantize_kernel, (cdiv(groups * rows, cfg.block_r), cdiv(half, cfg.block_c)),
+            # no rows of a: its output an empty tensor of its own (passed `out` twice, a traced
+            # launch would have two outputs alias, and Inductor copies one of them first)
+            a_data_ptr=rows_data, a_scale_ptr=rows_scale, a_out_ptr=out.new_empty(0), RA=0,
+            b_data_ptr=rows_data, b_scale_ptr=rows_scale, b_out_ptr=out, RB=groups * rows, C2=half,
+            b_rpg=rows, b_stride=n, b_off=first, BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
+        )
+        return out
+
+    return make
 
 
 def _rows(data: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,7 +45,7 @@ from ..formats import is_deq_values
 from ..sizes import copy_slices
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
-from .dequantize import bf16_operands, dequantize_bf16, dequantize_bf16_pair, dequantize_rows_into
+from .dequantize import bf16_operands, dequantize_bf16, dequantize_bf16_pair, weight_slices
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
@@ -251,15 +251,8 @@ def _grouped_gemm_bf16_slices_op(
     rows (out's columns) at a time, each slice dequantized into a buffer of its own and
     multiplied into its columns of out before the next is made (a freed buffer is what the
     next one takes). -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
-    groups, n, half = b_data.shape
-    data, scale = b_data.view(groups * n, half), b_scale.view(groups * n, -1)
-
-    def make_b(first, rows):
-        b = a.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
-        dequantize_rows_into(b.view(groups * rows, 2 * half), data, scale, rows, n, first)
-        return b
-
-    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, slice_rows, make_b)
+    groups, n, _ = b_data.shape
+    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, slice_rows, weight_slices(b_data, b_scale))
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16")

@@ -39,7 +39,7 @@ from ..formats import is_deq_values
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from .dequantize import bf16_operands, dequantize_bf16, dequantize_rows_into
+from .dequantize import bf16_operands, dequantize_bf16, weight_slices
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
 from .grouped_gemm_bf16 import bf16_tile_acc, scale_bits, slice_rows, use_tma
@@ -195,15 +195,8 @@ def _grouped_gemm_dact_slices_op(
     """``_grouped_gemm_dact_op`` with b W2's packed column-wise copies, (G, F, K/2) uint8 and
     (G, F, K/16) uint8 scale bits, contiguous, whose bf16 copy is made `slice_rows` of its F
     rows (G's columns) at a time, as ``grouped_gemm_bf16._grouped_gemm_bf16_slices_op`` does."""
-    groups, f, half = b_data.shape
-    data, scale = b_data.view(groups * f, half), b_scale.view(groups * f, -1)
-
-    def make_b(first, rows):
-        b = a.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
-        dequantize_rows_into(b.view(groups * rows, 2 * half), data, scale, rows, f, first)
-        return b
-
-    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, slice_rows, make_b)
+    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, b_data.shape[1],
+                          slice_rows, weight_slices(b_data, b_scale))
 
 
 def grouped_gemm_dact(
