@@ -4,7 +4,9 @@
     out[r, c] = bf16(e2m1(data)[r, c] * e4m3(scale)[r, c // 16])   (no global scale)
 
 Kernel ``_dequantize_kernel``; launchers ``dequantize_bf16_pair`` (a GEMM's two operands,
-one launch) and ``dequantize_bf16`` (one operand); op ``nvfp4_kernels::dequantize_bf16_pair``.
+one launch), ``dequantize_bf16`` (one operand) and ``weight_slices`` (a weight stack's
+copy a slice of rows at a time, inside another op's body); op
+``nvfp4_kernels::dequantize_bf16_pair``.
 Reference twin: ``formats.block_values(data, scale).to(torch.bfloat16)`` -- bit for bit:
 deq() has at most 6 significant bits and lies in [2**-10, 2688], so it is exact in bf16
 and no rounding happens anywhere (numerics.md 7).
