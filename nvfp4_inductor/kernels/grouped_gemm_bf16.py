@@ -5,7 +5,10 @@
     grouped_gemm_wgrad_via_bf16  = dequantize_bf16_pair(a, b) -> _grouped_gemm_wgrad_bf16_kernel
 
 Two launches each: one dequantizes both operands (their packed widths are equal), one
-multiplies.
+multiplies. Where a dgrad's packed weight stack would make a bf16 copy large beside the
+token operand's (``slice_rows``), the token operand is dequantized alone and the weight's
+copy is made a slice of rows at a time, each slice's dequantize and GEMM launched before
+the next (1 + 2 x slices launches; the same bits, each output element the same dot).
 
 Twins: ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch`` (same arguments and
 return types; results equal up to fp32 accumulation order). The bf16 copies are transient

@@ -11,7 +11,8 @@ summation order, which is grouped_gemm_via_bf16's.
 
 Why the bits match:
 * G: the launcher dequantizes dY's and W2's copies to transient bf16 deq() copies
-  (``dequantize_bf16_pair``, one launch, as ``grouped_gemm_via_bf16`` does); the kernel runs
+  (``dequantize_bf16_pair``, one launch, or W2's a slice of rows at a time, each slice's
+  columns of G in a launch of their own, as ``grouped_gemm_via_bf16`` does); the kernel runs
   grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
   tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
   bf16(acc * alpha_g) with integer RNE (``gemm_common.gemm_out_bits``), widened from its bits.
