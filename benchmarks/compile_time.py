@@ -12,10 +12,14 @@ process compiles everything ("first s", as a user's first run on a machine), the
 finds what the first wrote to disk ("cached s", every later run). Columns: both first steps,
 the per-layer slope of the cached first step against the one-layer row, the launch analyses
 torch ran and those answered from the table (lowerings/launch_analysis.py), the warm step
-and its host time (from the second process).
+and its host time (from the second process). ``--profile DIR`` runs both processes' first
+steps under cProfile, writes the stats to DIR (``<row>_cold.prof``, ``<row>_cached.prof``,
+for pstats or snakeviz) and prints the cached step's 30 slowest functions by own time. The timed first step includes the ``torch.compile`` call: looking the backend up
+is part of what a user waits for (the "inductor" backend imports Inductor's compiler
+there, our backend on its first compile).
 
     python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
-        [--device cuda|cpu] [--compiler inductor|aot_eager]
+        [--only NAME ...] [--profile DIR] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 ``--device cpu --shape tiny --compiler aot_eager --layers 1 2`` is the CPU smoke run
 (tests/test_benchmark_grouped_mlp_smoke.py).
@@ -24,8 +28,12 @@ and its host time (from the second process).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,34 +70,50 @@ def implementations(activation, compiler):
     }
 
 
-def measure(run, backend, layers, shape, activation, device):
+def measure(run, backend, layers, shape, activation, device, profile_to=None):
     experts, tokens, hidden, ffn, uneven = gm.SHAPES[shape]
     f1 = 2 * ffn if activation == "swiglu" else ffn
     (x, w1, w2, sizes, probs), grad = gm.make_inputs(experts, tokens, hidden, ffn, f1, uneven, device)
     weights = [(w1, w2)] + [(torch.nn.Parameter(w1.detach().clone()), torch.nn.Parameter(w2.detach().clone()))
                             for _ in range(layers - 1)]
     params = [w for pair in weights for w in pair]
+    counters["nvfp4"]["launch_analyses"] = counters["nvfp4"]["launch_analyses_reused"] = 0
+    profiler = cProfile.Profile() if profile_to else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
     fn = torch.compile(stack(run, layers), backend=backend, dynamic=False)
 
     def step():
         y = fn(x, weights, sizes, probs)
         torch.autograd.grad(y, [x, *params, probs], grad)
 
-    counters["nvfp4"]["launch_analyses"] = counters["nvfp4"]["launch_analyses_reused"] = 0
-    start = time.perf_counter()
     step()
     gm.sync(device)
+    if profiler:
+        profiler.disable()
+        profiler.dump_stats(profile_to)
     first = time.perf_counter() - start
     analyses = f'{counters["nvfp4"]["launch_analyses"]} ({counters["nvfp4"]["launch_analyses_reused"]})'
     return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device)
 
 
-def run_row(index: int, layers: int, args, cache_dir: str) -> dict:
+def profile_path(directory: str, name: str, layers: int, run: str) -> str:
+    if not directory:
+        return ""
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{re.sub(r'[^a-z0-9]+', '_', name.lower()).strip('_')}_{layers}_{run}.prof")
+
+
+def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "") -> dict:
     """One row's measurement in a new process whose Inductor and Triton caches live in
-    `cache_dir` (reused by the row's second process)."""
+    `cache_dir` (reused by the row's second process); `profile_to`: a file for the
+    cProfile stats of its first step."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"))
     command = [sys.executable, os.path.abspath(__file__), "--row", str(index), str(layers), "--shape", args.shape,
                "--activation", args.activation, "--device", args.device, "--compiler", args.compiler]
+    if profile_to:
+        command += ["--profile-to", profile_to]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"row {index} ({layers} layers) failed:\n{done.stderr[-3000:]}")
@@ -103,24 +127,39 @@ def main(argv=None) -> list[list[str]]:
     ap.add_argument("--activation", default="swiglu", choices=["srelu", "swiglu"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"])
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="implementations to run (default: all)")
+    ap.add_argument("--profile", metavar="DIR", help="cProfile every first step into DIR (.prof files)")
+    ap.add_argument("--profile-to", help=argparse.SUPPRESS)  # a child's profile file
     ap.add_argument("--row", type=int, nargs=2, metavar=("INDEX", "LAYERS"), help=argparse.SUPPRESS)  # a child
     args = ap.parse_args(argv)
     if any(n < 1 for n in args.layers):
         ap.error(f"--layers must be >= 1, got {args.layers}")
     args.shape = args.shape or ("S3" if args.device == "cuda" else "tiny")
     impls = list(implementations(args.activation, args.compiler).items())
+    unknown = set(args.only or ()) - {name for name, _ in impls}
+    if unknown:
+        ap.error(f"--only: unknown implementation(s) {sorted(unknown)}; choose from {[name for name, _ in impls]}")
     if args.row:
         (_, (run, backend)), layers = impls[args.row[0]], args.row[1]
-        first, analyses, warm, host = measure(run, backend, layers, args.shape, args.activation, args.device)
+        first, analyses, warm, host = measure(run, backend, layers, args.shape, args.activation, args.device,
+                                              args.profile_to)
         print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host)))
         return []
     rows = []
     for index, (name, _) in enumerate(impls):
+        if args.only and name not in args.only:
+            continue
         one = None
         for layers in sorted(args.layers):
             with tempfile.TemporaryDirectory() as cache_dir:
-                cold = run_row(index, layers, args, cache_dir)
-                cached = run_row(index, layers, args, cache_dir)
+                cold = run_row(index, layers, args, cache_dir, profile_path(args.profile, name, layers, "cold"))
+                profile_to = profile_path(args.profile, name, layers, "cached")
+                cached = run_row(index, layers, args, cache_dir, profile_to)
+            if profile_to:
+                text = io.StringIO()
+                pstats.Stats(profile_to, stream=text).sort_stats("tottime").print_stats(30)
+                print(f"[{name}] layers {layers}: cached first step, cProfile ({profile_to})\n"
+                      + text.getvalue().split("\n", 2)[-1], flush=True)  # below pstats' file header
             one = (layers, cached["first"]) if one is None else one
             slope = (cached["first"] - one[1]) / (layers - one[0]) if layers > one[0] else None
             rows.append([name, str(layers), f"{cold['first']:.1f}", f"{cached['first']:.1f}",
