@@ -587,3 +587,78 @@ def test_stacked_sites_where_one_feeds_the_next_are_all_rewritten():
     assert len(nv.explain(Stack(), *args).sites) == 3
     report = nv.compare(Stack(), *args, compiler="aot_eager")
     assert report.bitwise, str(report)
+
+
+@torch.library.custom_op("nvfp4_tests::first_of", mutates_args=())
+def _first_of(a: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+    """An opaque op with an operand it ignores, as a kernel launch takes a stand-in."""
+    return a.clone()
+
+
+@_first_of.register_fake
+def _(a, unused):
+    return torch.empty_like(a)
+
+
+class _PlaceholderInBackward(torch.autograd.Function):
+    """A backward that passes a zero-size stand-in made from a saved tensor, as our traced
+    op bodies do for a kernel's unused operands."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return _first_of(grad * w, x.new_empty(0, x.shape[1])), (grad * x).sum(0)
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_zero_size_stand_ins_are_made_in_the_backward_not_saved(ours):
+    """Inductor's decompositions, joint-graph passes and min-cut partitioner under the
+    backend's config (``inductor_patches``): the forward saves no zero-size tensor, the backward makes its
+    stand-in itself. Without our joint pre-pass (the control) the partitioner saves it --
+    it costs its min-cut nothing -- which on a GPU was a dozen extra allocations and saved
+    tensors a step. A pre-pass the user configured still runs."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+    from torch._inductor import config
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.decomposition import select_decomp_table
+
+    from nvfp4_inductor.compiler.backend import inductor_patches
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    class UserPass(CustomGraphPass):
+        ran = 0
+
+        def __call__(self, graph):
+            UserPass.ran += 1
+
+        def uuid(self):
+            return b"user"
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    with config.patch(joint_custom_pre_pass=UserPass()):
+        patches = inductor_patches(None, BackendOptions.parse({})) if ours else {}
+        with config.patch(patches):
+            fn = aot_function(_PlaceholderInBackward.apply, fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+                              partition_fn=partition_fn, decompositions=select_decomp_table())
+            fn(x, w).sum().backward()
+    saved = [n.meta["val"] for n in graphs["fw"].graph.find_nodes(op="output")[0].args[0][1:]]
+    made = [n for n in graphs["bw"].graph.nodes if n.op == "call_function" and n.meta["val"].numel() == 0]
+    assert [tuple(t.shape) for t in saved if t.numel() == 0] == ([] if ours else [(0, 8)])
+    assert len(made) == (1 if ours else 0)
+    assert UserPass.ran == 1
+    assert torch.equal(x.grad, w.detach().expand(4, 8)) and torch.equal(w.grad, x.detach().sum(0))

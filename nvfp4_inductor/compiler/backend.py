@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..lowerings import Plan, SiteSpec, choose_plan
 from ..lowerings.inline import launches_traced
@@ -55,6 +56,36 @@ class _PackageVersion(CustomGraphPass):
 
     def uuid(self) -> bytes:
         return _package_hash()
+
+
+class _RecomputeEmptyPlaceholders(CustomGraphPass):
+    """A joint-graph pass (before the partitioner) that marks every empty tensor made from
+    nothing -- the zero-size stand-ins our op bodies pass for a kernel's unused operands
+    and outputs -- to be made again where the backward uses it. Saving a zero-size
+    tensor costs the partitioner's min-cut nothing, so it kept the backward's stand-ins
+    (made from saved tensors, not from the gradient) in the forward and saved them: a
+    dozen more allocations, saved tensors and backward arguments a step, host time for
+    nothing. ``then``: the joint pre-pass the user's Inductor config had, run after this one."""
+
+    def __init__(self, then=None):
+        self.then = then
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        for node in graph.nodes:
+            value = node.meta.get("val")
+            if (node.op == "call_function" and not node.all_input_nodes and isinstance(value, torch.Tensor)
+                    and statically_known_true(value.numel() == 0)
+                    and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())):
+                node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+        for then in get_custom_graph_passes(self.then):
+            then(graph)
+
+    def uuid(self) -> Optional[bytes]:
+        # None where a pass it runs has no uuid: Inductor's caches then bypass, as for that pass alone
+        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in get_custom_graph_passes(self.then)]
+        return None if None in then else _package_hash() + repr(then).encode()
 
 
 @functools.cache
@@ -167,7 +198,8 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
 
 def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
     """Inductor's config for our graphs: torch.compile's ``mode`` as stock Inductor takes
-    it; this package's hash in Inductor's cache keys (``_PackageVersion``); and the site
+    it; this package's hash in Inductor's cache keys (``_PackageVersion``); zero-size
+    stand-in tensors made again in the backward, not saved (``_RecomputeEmptyPlaceholders``); and the site
     call marked cacheable. AOTAutograd's cache takes a graph only if it trusts every
     function the graph calls; ``fused_grouped_mlp`` computes from its arguments (the
     site's options are constants in the graph's code) and this package's code, and it is
@@ -178,6 +210,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
 
     patches = dict(list_mode_options(mode)) if mode else {}
     patches["post_grad_custom_post_pass"] = _PackageVersion()
+    patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
     patches["unsafe_marked_cacheable_functions"] = {
         **config.unsafe_marked_cacheable_functions,
         f"{fused_grouped_mlp.__module__}.{fused_grouped_mlp.__name__}":
