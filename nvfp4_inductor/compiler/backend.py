@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes, get_hash_for_files
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..lowerings import Plan, SiteSpec, choose_plan
@@ -79,12 +79,16 @@ class _RecomputeEmptyPlaceholders(CustomGraphPass):
                     and statically_known_true(value.numel() == 0)
                     and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())):
                 node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-        for then in get_custom_graph_passes(self.then):
+        for then in self._then():
             then(graph)
+
+    def _then(self) -> tuple:
+        # one pass or several (newer torch takes a list)
+        return () if self.then is None else tuple(self.then) if isinstance(self.then, (list, tuple)) else (self.then,)
 
     def uuid(self) -> Optional[bytes]:
         # None where a pass it runs has no uuid: Inductor's caches then bypass, as for that pass alone
-        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in get_custom_graph_passes(self.then)]
+        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in self._then()]
         return None if None in then else _package_hash() + repr(then).encode()
 
 
