@@ -12,11 +12,12 @@ process compiles everything ("first s", as a user's first run on a machine), the
 finds what the first wrote to disk ("cached s", every later run). Columns: both first steps,
 the per-layer slope of the cached first step against the one-layer row, the launch analyses
 torch ran and those answered from the table (lowerings/launch_analysis.py), the warm step
-and its host time (from the second process). ``--profile DIR`` runs both processes' first
-steps under cProfile, writes the stats to DIR (``<row>_cold.prof``, ``<row>_cached.prof``,
-for pstats or snakeviz) and prints the cached step's 30 slowest functions by own time. The timed first step includes the ``torch.compile`` call: looking the backend up
-is part of what a user waits for (the "inductor" backend imports Inductor's compiler
-there, our backend on its first compile).
+and its host time (from the second process). The timed first step includes the
+``torch.compile`` call: looking the backend up is part of what a user waits for (the
+"inductor" backend imports Inductor's compiler there, ours at its first compile).
+``--profile DIR`` runs both processes' first steps under cProfile, writes the stats to DIR
+(``<row>_cold.prof``, ``<row>_cached.prof``, for pstats or snakeviz) and prints the cached
+step's 30 slowest functions by own time.
 
     python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
         [--only NAME ...] [--profile DIR] [--device cuda|cpu] [--compiler inductor|aot_eager]
