@@ -204,12 +204,13 @@ def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
     """Inductor's config for our graphs: torch.compile's ``mode`` as stock Inductor takes
     it; this package's hash in Inductor's cache keys (``_PackageVersion``); zero-size
     stand-in tensors made again in the backward, not saved
-    (``_RecomputeEmptyPlaceholders``); and the site call marked cacheable. AOTAutograd's cache takes a graph only if it trusts every
-    function the graph calls; ``fused_grouped_mlp`` computes from its arguments (the
-    site's options are constants in the graph's code) and this package's code, and it is
-    traced as launches or as whole ops by ``trace_launches``: the key holds the package
-    hash and that option. A later process compiling the same graph then loads the compiled
-    forward and backward instead of tracing the fused ops again."""
+    (``_RecomputeEmptyPlaceholders``); and the site call marked cacheable. AOTAutograd's
+    cache takes a graph only if it trusts every function the graph calls;
+    ``fused_grouped_mlp`` computes from its arguments (the site's options are constants in
+    the graph's code) and this package's code, and it is traced as launches or as whole
+    ops by ``trace_launches``: the key holds the package hash and that option. A later
+    process compiling the same graph then loads the compiled forward and backward instead
+    of tracing the fused ops again."""
     from torch._inductor import config, list_mode_options
 
     patches = dict(list_mode_options(mode)) if mode else {}

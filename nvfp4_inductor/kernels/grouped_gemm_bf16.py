@@ -325,8 +325,8 @@ def grouped_gemm_wgrad_via_bf16(
 ) -> torch.Tensor:
     """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
     E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,), multiples of 16,
-    on the device. Returns (G, N, M) bf16 (zeros for
-    an empty group). The bf16 deq() copies live only inside this call."""
+    on the device. Returns (G, N, M) bf16 (zeros for an empty group). The bf16 deq() copies
+    live only inside this call."""
     check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
     a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),
