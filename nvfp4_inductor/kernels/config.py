@@ -210,17 +210,31 @@ def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -
         return _PINNED[kind]
     if INTERPRET or device.type != "cuda":
         return Bf16GemmConfig(32, 32, 32, 4, 1, 2)
+    # TMA loads (device-side descriptors) for the fprop-shaped kernels: benchmarks/grouped_gemm.py,
+    # run O1 (H200, the six GEMMs of a step at S1-S4, both activations), against pointer loads
+    # of the same tiles: 3-19% faster at S1/S2 (fc1 fprop + act at S2 srelu 4.94 -> 4.07 ms,
+    # fc1 dgrad 4.21 -> 3.77) and 0-11% at S3/S4; a whole S2 srelu step 28.75 -> 27.22 ms. The
+    # wgrads keep pointers: TMA was 1-5% slower at S1, S3 and S4 and 2% faster at S2.
     if kind == "dact":
         # The unsplit epilogue spills (C's, dC's and D's tiles live at once; sm_90a code,
         # benchmarks/epilogue_sass.py); on column slices it does not. epilogue_tiles.py, run
         # Z1 (H200), ms at S4 / S1 against the unsplit 128x128 w8 s4: SReLU 128x256 w8 s3 in
         # quarters 0.545 / 0.497 (0.645 / 0.617), SwiGLU 128x128 in halves 0.764 / 0.660
-        # (1.144 / 0.882; quarters 0.773 / 0.674, 128x256 in quarters 1.30 / 0.90)
-        return Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=2) if swiglu else Bf16GemmConfig(
-            128, 256, 64, 8, 3, epilogue_split=4)
+        # (1.144 / 0.882; quarters 0.773 / 0.674, 128x256 in quarters 1.30 / 0.90). O1, TMA
+        # against pointers, S1 / S2 / S3 / S4: SReLU 0.464 / 4.24 / 0.255 / 0.524 against
+        # 0.477 / 4.51 / 0.249 / 0.546; SwiGLU 0.586 / 5.43 / 0.325 / 0.674 against 0.648 /
+        # 6.03 / 0.341 / 0.710 (one stage more: no better on the sum)
+        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True, epilogue_split=2) if swiglu else Bf16GemmConfig(
+            128, 256, 64, 8, 3, tma=True, epilogue_split=4)
     if kind == "act" and swiglu:
         # two accumulators: 128x256 spills. Run EP1 (S1), 128x256 w8 s3 -> 128x128 w8 s4:
-        # 1.54 -> 1.23 ms; run Z1: 3.97 -> 1.11 (S1), 3.98 -> 1.11 (S4)
-        return Bf16GemmConfig(128, 128, 64, 8, 4)
-    # Inductor's grouped-mm template on the H200: 128x256x64, 8 warps, 3 stages
-    return Bf16GemmConfig(128, 256, 64, 8, 3)
+        # 1.54 -> 1.23 ms; run Z1: 3.97 -> 1.11 (S1), 3.98 -> 1.11 (S4). O1 with TMA, S1 / S2 /
+        # S3 / S4: 0.947 / 9.49 / 0.480 / 1.002 against pointers' 1.058 / 10.43 / 0.525 / 1.109
+        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True)
+    if kind == "act":
+        # O1: TMA over 4 stages 0.404 / 4.13 / 0.213 / 0.422 ms, 3 stages 0.415 / 4.07 / 0.219 /
+        # 0.459, pointers (3 stages) 0.504 / 4.94 / 0.258 / 0.490
+        return Bf16GemmConfig(128, 256, 64, 8, 4, tma=True)
+    # Inductor's grouped-mm template on the H200: 128x256x64, 8 warps, 3 stages. O1, fc2
+    # fprop / fc1 dgrad at S1 srelu: TMA 0.414 / 0.454 ms against pointers' 0.447 / 0.494
+    return Bf16GemmConfig(128, 256, 64, 8, 3, tma=kind == "fprop")

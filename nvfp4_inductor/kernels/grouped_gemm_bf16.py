@@ -28,14 +28,17 @@ tests/test_kernels_gemm_bf16.py.
 Schedules: gemm_common.py's (``tile_table`` / ``tile_coords``: persistent, group tiles
 from the device-side group sizes, M fastest; ``wgrad_tile``). Tiles:
 ``config.bf16_gemm_config``. Operand loads, two variants (``Bf16GemmConfig.tma``):
-* pointers (default): rows past a group's end (or past N) are clamped to a valid row
-  instead of masked (those output rows/columns are not stored), so only the K tail is
-  masked, and only when K % BK != 0 (fprop) or at each group's last K step (wgrad);
+* pointers (the wgrad's default): rows past a group's end (or past N) are clamped to a
+  valid row instead of masked (those output rows/columns are not stored), so only the K
+  tail is masked, and only when K % BK != 0 (fprop) or at each group's last K step (wgrad);
   Triton pipelines the loads with cp.async over ``num_stages``.
-* TMA (``tma=True``, CUDA only): per-tile device-side tensor descriptors
+* TMA (``tma=True``, CUDA only; the default of the fprop, act and dact kernels, 3-19% faster
+  there, benchmarks/NOTES.md run O1): per-tile device-side tensor descriptors
   (``tl.make_tensor_descriptor``) whose shape ends at the group's last row (fprop) or the
-  group's last padded token (wgrad), so the copy engine zero-fills past it; needs a
-  Triton allocator for the descriptors' global scratch (set on first use).
+  group's last padded token (wgrad), so the copy engine zero-fills past it; the
+  descriptors live in a global scratch buffer Triton asks its allocator for (``use_tma``).
+Both give the same bits: the same products in the same K order, and the rows each fills
+differently are never stored.
 """
 
 from __future__ import annotations
@@ -184,15 +187,10 @@ def _grouped_gemm_wgrad_bf16_kernel(
 # TMA descriptors
 
 
-_ALLOCATOR_SET = False
-
-
-def _ensure_allocator() -> None:
-    """Device-side tensor descriptors live in a global scratch buffer Triton asks for."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _ALLOCATOR_SET = True
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for device-side tensor descriptors, from torch's caching allocator
+    (stream-ordered, and from the graph's pool under CUDA graph capture)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
@@ -200,7 +198,9 @@ def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
     the descriptors' allocator when it does. Shared with the fused epilogue kernels."""
     tma = cfg.tma and device.type == "cuda" and not INTERPRET and k > 0
     if tma:
-        _ensure_allocator()
+        # Triton keeps its allocator in a ContextVar, one per thread, and autograd runs a
+        # backward on a thread of its own: set at every launch, as Inductor's launcher does
+        triton.set_allocator(_scratch)
     return tma
 
 
