@@ -18,7 +18,7 @@ pass 0.046 ms; the read-back made ptxas spill), so the Triton target does not of
 Why the bits match:
 * C: the launcher dequantizes both operands to transient bf16 deq() copies
   in one launch (``dequantize.dequantize_bf16_pair``, as ``grouped_gemm_via_bf16`` does),
-  and the kernel calls ``grouped_gemm_bf16.bf16_tile_acc`` -- the K loop of
+  and the kernel calls ``grouped_gemm_bf16.bf16_tile_acc(s)`` -- the K loop of
   ``_grouped_gemm_bf16_kernel``, one copy for the three kernels (natural K order, so the
   tile config -- ``bf16_gemm_config("act")``, which may differ from the unfused GEMM's --
   changes no bit), then bf16(acc * alpha_g) with
@@ -29,8 +29,9 @@ Why the bits match:
   with integer RNE.
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
-C that feed them (gate columns j, up columns F + j) in two calls of the K loop; the
-gate half is held as bf16 bits while the up half accumulates. When F % BN != 0 the up
+C that feed them (gate columns j, up columns F + j) in one K loop with two accumulators
+(``grouped_gemm_bf16.bf16_tile_accs``: each x tile loaded once for both; until run O2 two
+K loops, one per half, loaded x twice). When F % BN != 0 the up
 column F + j sits at another position of its tile than in the unfused GEMM, so the bits
 match only if an MMA's result for an element does not depend on its column in the tile:
 true of the interpreter (``grouped_gemm_bf16._mma`` sums each K step exactly) and of the
@@ -52,7 +53,7 @@ from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
 from .dequantize import bf16_operands
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
-from .grouped_gemm_bf16 import bf16_tile_acc, use_tma
+from .grouped_gemm_bf16 import bf16_tile_acc, bf16_tile_accs, use_tma
 
 # ---------------------------------------------------------------------------------------
 # Device helpers shared with grouped_gemm_dact.py
@@ -97,13 +98,11 @@ def _grouped_gemm_act_kernel(
         if ACT == _SWIGLU:
             b0 = grp.to(tl.int64) * (2 * F)  # W1's gate rows b0 + [0, F), up rows b0 + F + [0, F)
             c_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
-            acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0, F, tn * BN, K,
-                                BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
+            acc, acc_up = bf16_tile_accs(a_ptr, b_ptr, row0, size, tm * BM, b0, b0 + F, F, tn * BN, K,
+                                         BM, BN, BK, NUM_STAGES, EVEN_K, TMA, True)
             gate = gemm_out_bits(acc, alpha)
             store_bits(c_ptrs, gate, mask)
-            acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, b0 + F, F, tn * BN, K,
-                                BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
-            up = gemm_out_bits(acc, alpha)
+            up = gemm_out_bits(acc_up, alpha)
             store_bits(c_ptrs + F, up, mask)
             f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GPU)
         else:

@@ -80,37 +80,64 @@ def bf16_tile_acc(a_ptr, b_ptr, a_base, a_len, a_off, b_base, b_len, b_off, K,
     a's rows a_base + a_off + [0, BM) of a (*, K) bf16 matrix, b's rows b_base + b_off +
     [0, BN) of a (*, K) one, each operand seen as the a_len (b_len) rows from a_base
     (b_base); rows past that end are clamped (pointers) or zero-filled (TMA), and their
-    output rows/columns must not be stored. The one K loop of the fprop/dgrad kernel and
-    of the fused epilogue kernels (grouped_gemm_act.py, grouped_gemm_dact.py), so their
-    accumulators are equal bit for bit for equal operands and config."""
+    output rows/columns must not be stored. The one K loop (``bf16_tile_accs``) of the
+    fprop/dgrad kernel and of the fused epilogue kernels (grouped_gemm_act.py,
+    grouped_gemm_dact.py), so their accumulators are equal bit for bit for equal operands
+    and config."""
+    acc, _ = bf16_tile_accs(a_ptr, b_ptr, a_base, a_len, a_off, b_base, b_base, b_len, b_off, K,
+                            BM, BN, BK, NUM_STAGES, EVEN_K, TMA, False)
+    return acc
+
+
+@triton.jit
+def bf16_tile_accs(a_ptr, b_ptr, a_base, a_len, a_off, b_base, b2_base, b_len, b_off, K,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, PAIR: tl.constexpr):
+    """``bf16_tile_acc``'s accumulator, and with PAIR a second one of the same a tile times
+    b's rows from b2_base (SwiGLU's up half beside its gate half): each a tile is loaded once
+    for both, and each accumulator takes the same MMAs in the same K order as it would alone
+    (without PAIR the second is a (1, 1) placeholder)."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if PAIR:
+        acc2 = tl.zeros((BM, BN), dtype=tl.float32)
+    else:
+        acc2 = tl.zeros((1, 1), dtype=tl.float32)
     if TMA:
         a_desc = tl.make_tensor_descriptor(a_ptr + a_base.to(tl.int64) * K, shape=[a_len, K], strides=[K, 1],
                                            block_shape=[BM, BK])
         b_desc = tl.make_tensor_descriptor(b_ptr + b_base.to(tl.int64) * K, shape=[b_len, K], strides=[K, 1],
                                            block_shape=[BN, BK])
+        if PAIR:
+            b2_desc = tl.make_tensor_descriptor(b_ptr + b2_base.to(tl.int64) * K, shape=[b_len, K], strides=[K, 1],
+                                                block_shape=[BN, BK])
         for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
             a = a_desc.load([a_off, k0])
-            b = b_desc.load([b_off, k0])
-            acc = _mma(a, b, acc)
+            acc = _mma(a, b_desc.load([b_off, k0]), acc)
+            if PAIR:
+                acc2 = _mma(a, b2_desc.load([b_off, k0]), acc2)
     else:
         kk = tl.arange(0, BK)
         arow = (a_base + tl.minimum(a_off + tl.arange(0, BM), a_len - 1)).to(tl.int64)  # clamped: not stored
-        brow = (b_base + tl.minimum(b_off + tl.arange(0, BN), b_len - 1)).to(tl.int64)
+        brow = tl.minimum(b_off + tl.arange(0, BN), b_len - 1).to(tl.int64)
         a_ptrs = a_ptr + arow[:, None] * K + kk[None, :]
-        b_ptrs = b_ptr + brow[:, None] * K + kk[None, :]
+        b_ptrs = b_ptr + (b_base + brow)[:, None] * K + kk[None, :]
+        b2_ptrs = b_ptr + (b2_base + brow)[:, None] * K + kk[None, :]
         for k0 in tl.range(0, K, BK, num_stages=NUM_STAGES):
             if EVEN_K:
                 a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
+                acc = _mma(a, tl.load(b_ptrs), acc)
+                if PAIR:
+                    acc2 = _mma(a, tl.load(b2_ptrs), acc2)
             else:
                 k_ok = (k0 + kk) < K
                 a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
-            acc = _mma(a, b, acc)
+                acc = _mma(a, tl.load(b_ptrs, mask=k_ok[None, :], other=0.0), acc)
+                if PAIR:
+                    acc2 = _mma(a, tl.load(b2_ptrs, mask=k_ok[None, :], other=0.0), acc2)
             a_ptrs += BK
             b_ptrs += BK
-    return acc
+            b2_ptrs += BK
+    return acc, acc2
 
 
 # ---------------------------------------------------------------------------------------
