@@ -180,6 +180,26 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_steps):
     assert ("quantize", True, False) in calls  # column-wise only, with the saved amax
 
 
+def test_aot_eager_graphs_set_the_launch_allocator_in_their_own_thread(monkeypatch):
+    """With compiler="aot_eager" the traced launches run as ``wrap_triton`` calls, which set
+    no Triton allocator (the TMA kernels need one for their descriptors), and autograd may
+    run the backward on a thread of its own: the backend sets the allocator in the thread of
+    every graph it runs. The backward here runs on another thread (benchmarks/NOTES.md, run
+    P3: FSDP2 with aot_eager on the H200 failed without)."""
+    import threading
+
+    threads = []
+    monkeypatch.setattr(nv.kernels, "set_launch_allocator", lambda: threads.append(threading.get_ident()))
+    mlp, args = _grouped_mlp_model("srelu", probs=True)
+    x = args[0].requires_grad_()
+    y = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x, *args[1:])
+    assert threads == [threading.get_ident()]
+    backward = threading.Thread(target=lambda: y.backward(torch.randn_like(y)))
+    backward.start()
+    backward.join()
+    assert len(threads) == 2 and threads[1] == backward.ident and x.grad is not None
+
+
 def test_compiled_step_draws_sr_seeds_as_device_tensors(use_steps):
     """Every SR seed reaches the steps as a tensor on the gradient's device, never a host
     int: a value read on the host would be frozen into a CUDA graph (every replay would

@@ -22,6 +22,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .. import kernels
 from ..lowerings import Plan, SiteSpec, choose_plan
 from ..lowerings.inline import launches_traced
 from ..lowerings.launch_analysis import launches_analysed_once
@@ -191,13 +192,32 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
     # first backward call, in inner_compile: each analyses the traced launches
     with launches_traced(options.trace_launches), launches_analysed_once():
         if options.compiler == "aot_eager":
-            from torch._dynamo.backends.debugging import aot_eager_default_partitioner
-
-            return aot_eager_default_partitioner(gm, example_inputs)
+            return _aot_eager(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx
 
         return compile_fx(gm, example_inputs, inner_compile=_inner_compile,
                           config_patches=inductor_patches(mode, options))
+
+
+def _aot_eager(gm, example_inputs):
+    """torch's ``aot_eager_default_partitioner`` (AOTAutograd, default partitioner, graphs run
+    as traced), each graph run after ``kernels.set_launch_allocator()`` in its own thread:
+    its traced launches are ``wrap_triton`` calls, which set no Triton allocator, and the
+    backward runs on autograd's thread, where the one set while tracing does not reach."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    def compiler(fx_g, inputs):
+        run = boxed_nop(fx_g, inputs)
+
+        def call(args):
+            kernels.set_launch_allocator()
+            return run(args)
+
+        call._boxed_call = True
+        return call
+
+    return aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:

@@ -2,6 +2,7 @@
 
     quantize, group_quantize, quantize_weights, group_hadamard_amax   (see api.py)
     available(device) -> bool
+    set_launch_allocator(): Triton's allocator for the calling thread (TMA descriptors)
     TRACEABLE: whether torch.compile can trace the launches (``wrap_triton``): not for
         interpreted kernels, which run on the host
 
@@ -29,10 +30,15 @@ if triton is None:
 
     quantize = group_quantize = quantize_weights = group_hadamard_amax = _missing
     TRACEABLE = False
+
+    def set_launch_allocator() -> None:  # no kernel to launch
+        pass
 else:
     from ._registry import INTERPRET
     from .api import available, group_hadamard_amax, group_quantize, quantize, quantize_weights
+    from .grouped_gemm_bf16 import set_launch_allocator
 
     TRACEABLE = not INTERPRET
 
-__all__ = ["TRACEABLE", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights"]
+__all__ = ["TRACEABLE", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights",
+           "set_launch_allocator"]

@@ -150,13 +150,14 @@ def _grouped_gemm_bf16_kernel(
     N, K, G, out_stride, out_col,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+    BAND: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, N, K) bf16: alpha_g * a_g . b_g^T (T, N) bf16 into columns
     out_col + [0, N) of out, rows out_stride apart (the whole out: N, 0)."""
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
     gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, N, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        g, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
+        g, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end, BAND)
         rows = tm * BM + tl.arange(0, BM)
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size
@@ -220,14 +221,21 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def set_launch_allocator() -> None:
+    """Give the calling thread Triton's allocator for the descriptors' scratch. Triton keeps
+    it in a ContextVar, one per thread, and autograd runs a backward on a thread of its own,
+    so it is set at every launch (``use_tma``), as Inductor's launcher does, and by the
+    backend before each graph it runs without Inductor (traced launches run there as
+    ``wrap_triton`` calls, which set none)."""
+    triton.set_allocator(_scratch)
+
+
 def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
     """Whether a launch on `device` takes the TMA loads of `cfg` (CUDA only, K > 0); sets up
     the descriptors' allocator when it does. Shared with the fused epilogue kernels."""
     tma = cfg.tma and device.type == "cuda" and not INTERPRET and k > 0
     if tma:
-        # Triton keeps its allocator in a ContextVar, one per thread, and autograd runs a
-        # backward on a thread of its own: set at every launch, as Inductor's launcher does
-        triton.set_allocator(_scratch)
+        set_launch_allocator()
     return tma
 
 
@@ -256,7 +264,7 @@ def _fprop_launches(a: torch.Tensor, a_amax: torch.Tensor, b_amax: torch.Tensor,
             a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
             N=b.shape[1], K=k, G=groups, out_stride=n, out_col=first, BLOCK_G=max(next_power_of_2(groups), 2),
             BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
-            EVEN_K=k % cfg.block_k == 0, TMA=tma, num_warps=cfg.num_warps,
+            EVEN_K=k % cfg.block_k == 0, TMA=tma, BAND=cfg.band_m, num_warps=cfg.num_warps,
         )
         del b  # before the next slice's buffer is allocated
     return out
