@@ -40,7 +40,7 @@ def compile_epilogue(kind: str, activation: str, cfg, shape: str = "S4") -> byte
     sizes = torch.empty(groups, dtype=torch.int64)
     common = dict(ACT=_act_code(activation), HAS_PROBS=True, GPU=True, BLOCK_G=groups, BM=cfg.block_m,
                   BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=132, NUM_STAGES=cfg.num_stages, EVEN_K=True,
-                  TMA=cfg.tma, grid=(1,), num_warps=cfg.num_warps)
+                  TMA=cfg.tma, BAND=cfg.band_m, grid=(1,), num_warps=cfg.num_warps)
     if kind == "act":
         kernel = _grouped_gemm_act_kernel.warmup(bf, f32, bf, f32, sizes, f32, bf, bf, ffn, hidden, groups, 1.0,
                                                  **common)

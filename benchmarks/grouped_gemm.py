@@ -16,7 +16,7 @@ config changes them), one process, do_bench medians:
 baseline is torch._grouped_mm on bf16 operands of the same shapes, the GEMM stock Inductor
 runs for the BF16 model; the fused kernels' epilogues (the activation, dprob) are extra
 work it does not do. Each kind is timed at the heuristic's config (`default`) and at the
-candidates of `candidates` (TWO_PER_SM among them); no config changes a result bit (kernels/config.py).
+candidates of `candidates`; no config changes a result bit (kernels/config.py).
 
     python benchmarks/grouped_gemm.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
         [--kinds act fprop dact wgrad]   (needs a CUDA device)
@@ -47,33 +47,21 @@ from nvfp4_inductor.kernels.grouped_gemm_bf16 import _grouped_gemm_bf16_op, _gro
 from nvfp4_inductor.kernels.grouped_gemm_dact import _grouped_gemm_dact_op  # noqa: E402
 
 
-# Two programs per SM: one warp group each, tiles whose registers (<= 255 a thread, no spill
-# in their sm_90a code, benchmarks/epilogue_sass.py) and shared memory (<= 113 KB) let two
-# sit on an SM, so one's epilogue runs while the other's K loop does (the default tiles take
-# the whole SM: 8 warps of ~170-255 registers). By kind and SwiGLU.
-TWO_PER_SM = {
-    ("fprop", False): Bf16GemmConfig(128, 128, 64, 4, 3, tma=True),
-    ("wgrad", False): Bf16GemmConfig(128, 128, 64, 4, 3),
-    ("act", False): Bf16GemmConfig(64, 256, 64, 4, 2, tma=True),
-    ("act", True): Bf16GemmConfig(64, 128, 64, 4, 2, tma=True),
-    ("dact", False): Bf16GemmConfig(128, 128, 64, 4, 3, tma=True, epilogue_split=2),
-    ("dact", True): Bf16GemmConfig(64, 128, 64, 4, 4, tma=True, epilogue_split=2),
-}
-
-
-def candidates(default: Bf16GemmConfig, kind: str, swiglu: bool, sms: int) -> dict[str, Bf16GemmConfig]:
+def candidates(default: Bf16GemmConfig, kind: str) -> dict[str, Bf16GemmConfig]:
     """The configs tried beside the heuristic's: its TMA twin, with one stage more, its tile
-    turned over (BM <-> BN), pointers and TMA, and TWO_PER_SM's tile on 2 programs an SM."""
+    turned over (BM <-> BN), pointers and TMA, and for the fprop-shaped kinds its tiles
+    walked in bands of 4, 8 and 16 M tiles (``band_m``; not the wgrads' schedule). Two
+    programs an SM (one warp group each) lost everywhere (benchmarks/NOTES.md, run P1)."""
     turned = dataclasses.replace(default, block_m=default.block_n, block_n=default.block_m)
-    two = TWO_PER_SM[kind, swiglu and kind in ("act", "dact")]
     out = {
         "tma": dataclasses.replace(default, tma=True),
         "tma +1 stage": dataclasses.replace(default, tma=True, num_stages=default.num_stages + 1),
         "+1 stage": dataclasses.replace(default, num_stages=default.num_stages + 1),
         "turned": turned,
         "turned tma": dataclasses.replace(turned, tma=True),
-        "2 per SM": dataclasses.replace(two, num_programs=2 * sms),
     }
+    if kind != "wgrad":
+        out.update({f"band {band}": dataclasses.replace(default, band_m=band) for band in (4, 8, 16)})
     seen, unique = {default}, {}
     for name, cfg in out.items():
         if cfg not in seen:
@@ -84,9 +72,9 @@ def candidates(default: Bf16GemmConfig, kind: str, swiglu: bool, sms: int) -> di
 
 def label(cfg: Bf16GemmConfig) -> str:
     split = f" /{cfg.epilogue_split}" if cfg.epilogue_split > 1 else ""
-    programs = f" p{cfg.num_programs}" if cfg.num_programs else ""
+    band = f" band {cfg.band_m}" if cfg.band_m else ""
     return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} "
-            f"{'tma' if cfg.tma else 'ptr'}{split}{programs}")
+            f"{'tma' if cfg.tma else 'ptr'}{split}{band}")
 
 
 def ms(fn) -> float:
@@ -140,7 +128,6 @@ def main() -> None:
                         choices=["act", "fprop", "dact", "wgrad"])
     args = parser.parse_args()
     dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows, total = [], {}
     for shape in args.shapes:
         for act in args.activations:
@@ -150,7 +137,7 @@ def main() -> None:
                 default = config.bf16_gemm_config(kind, dev, swiglu=act == "swiglu")
                 base = ms(theirs)
                 timed = {"default": (ms(ours), default)}
-                for cname, cfg in candidates(default, kind, act == "swiglu", sms).items():
+                for cname, cfg in candidates(default, kind).items():
                     try:
                         with config.override(**{kind: cfg}):
                             timed[cname] = (ms(ours), cfg)

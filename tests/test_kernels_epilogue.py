@@ -249,6 +249,25 @@ def test_dact_split_epilogue(activation, split):
         check_dact(CANCEL, activation, True, True, f"dact split {split} {activation} cancelling")
 
 
+@pytest.mark.parametrize("band", [2, 3])
+def test_tile_bands_change_no_bit(band):
+    """The fprop, act and dact kernels walking a group's tiles in bands of `band` M tiles
+    (``Bf16GemmConfig.band_m``; 16x16 tiles: up to 3 M and 6 N tiles a group, so band 2
+    leaves a short last band) write the bytes of the whole-group order, every tile once."""
+    tiles = Bf16GemmConfig(16, 16, 32, 4, 1, 3)
+    fc1, probs = fc1_inputs(UNEVEN, "swiglu", True, "bands")
+    dgrad, c, dprobs = dgrad_inputs(UNEVEN, "swiglu", True, "bands")
+
+    def outputs(cfg):
+        with config.override(fprop=cfg, act=cfg, dact=cfg):
+            return [grouped_gemm_via_bf16(*fc1), *grouped_gemm_act(*fc1, probs, "swiglu", None, 0xD7E8)[:2],
+                    *grouped_gemm_dact(*dgrad, c, dprobs, "swiglu", None, regenerate=True)]
+
+    for i, (whole, banded) in enumerate(zip(outputs(tiles), outputs(dataclasses.replace(tiles, band_m=band)),
+                                            strict=True)):
+        assert_bytes_equal(banded, whole, f"band {band}: output {i}")
+
+
 def test_zero_tokens_and_errors():
     empty = Case("zero_tokens", (0, 0), 32, 32)
     args, probs = fc1_inputs(empty, "srelu", True, "zero")

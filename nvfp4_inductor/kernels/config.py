@@ -70,6 +70,7 @@ class Bf16GemmConfig:
     num_programs: int = 0  # persistent programs; 0 = one per SM (1 under the interpreter)
     tma: bool = False  # device-side TMA descriptors (CUDA only)
     epilogue_split: int = 1  # fused epilogues (dact): 2 = the tile's column halves one after the other
+    band_m: int = 0  # fprop-shaped tile order: M tiles per band (gemm_common.tile_coords); 0 = a group's all
     # fprop / dact on a packed weight stack: the fewest of out's columns a slice of the
     # weight's bf16 copy may have (sizes.copy_slices)
     min_slice_rows: int = MIN_SLICE_ROWS

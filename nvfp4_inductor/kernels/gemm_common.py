@@ -2,7 +2,9 @@
 grouped_gemm_dact.py): the persistent schedules, the alpha epilogue, the operand checks.
 
 Schedules. A persistent grid (``num_programs``: one program per SM on CUDA) walks the
-output tiles, M fastest (consecutive programs share b's N tile).
+output tiles, M fastest (consecutive programs share b's N tile); fprop-shaped kernels in
+bands of ``Bf16GemmConfig.band_m`` M tiles, so the programs running at once share a few
+of a's M tiles and many of b's N tiles, which then stay in L2.
 * fprop/dgrad (``tile_table`` / ``tile_coords``): group g owns cdiv(m_g, BM) * cdiv(N, BN)
   tiles; each program computes the tile prefix sums from the (G,) group sizes on the
   device (no host sync, one launch for any routing); empty groups own no tiles.
@@ -76,8 +78,10 @@ def tile_table(sizes, N, G, BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
-def tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end):
-    """tile -> (group g, M tile tm, N tile tn, group size, group's first row); M fastest."""
+def tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end, BAND: tl.constexpr):
+    """tile -> (group g, M tile tm, N tile tn, group size, group's first row). Within a
+    group, M fastest over bands of BAND M tiles (0: the group's whole M): band by band,
+    each band's N tiles in turn."""
     g = tl.sum((tile_end <= tile).to(tl.int32), 0)
     sel = gi == g
     tile0 = tl.sum(tl.where(sel, tile_end - m_tiles * n_tiles, 0), 0)
@@ -85,7 +89,12 @@ def tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end):
     size = tl.sum(tl.where(sel, sizes, 0), 0)
     row0 = tl.sum(tl.where(sel, row_end - sizes, 0), 0)
     local = tile - tile0
-    return g, local % mt, local // mt, size, row0
+    if BAND == 0:
+        return g, local % mt, local // mt, size, row0
+    first = local // (BAND * n_tiles) * BAND  # the band's first M tile
+    in_band = local % (BAND * n_tiles)
+    rows = tl.minimum(mt - first, BAND)  # the last band may be short
+    return g, first + in_band % rows, in_band // rows, size, row0
 
 
 @triton.jit

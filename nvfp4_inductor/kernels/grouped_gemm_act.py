@@ -82,12 +82,13 @@ def _grouped_gemm_act_kernel(
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+    BAND: tl.constexpr,
 ):
     """a (T, K) bf16, b (G, F1, K) bf16 (deq() values); C (T, F1), D (T, F) bf16."""
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
     gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, F, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
+        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end, BAND)
         rows = tm * BM + tl.arange(0, BM)
         cols = tn * BN + tl.arange(0, BN)
         row_ok = rows < size
@@ -159,7 +160,8 @@ def _grouped_gemm_act_op(
         ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET,
         BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
-        EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), num_warps=cfg.num_warps,
+        EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), BAND=cfg.band_m,
+        num_warps=cfg.num_warps,
     )
     return c, d
 

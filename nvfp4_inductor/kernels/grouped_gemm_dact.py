@@ -95,7 +95,7 @@ def _grouped_gemm_dact_kernel(
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, BAND: tl.constexpr,
 ):
     """a (T, K) bf16 (dY's deq()), b (G, FS, K) bf16 (rows col_start + [0, FS) of each of W2's
     column-wise deq() copies): G's columns col_start + [0, FS) of F. SPLIT 2 or 4: the
@@ -106,7 +106,7 @@ def _grouped_gemm_dact_kernel(
     sizes = tl.load(sizes_ptr + tl.arange(0, BLOCK_G), mask=tl.arange(0, BLOCK_G) < G, other=0)
     gi, sizes, m_tiles, n_tiles, tile_end, row_end, total = tile_table(sizes, FS, G, BLOCK_G, BM, BN)
     for tile in tl.range(tl.program_id(0), total, NUM_PROGRAMS):
-        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end)
+        grp, tm, tn, size, row0 = tile_coords(tile, gi, sizes, m_tiles, n_tiles, tile_end, row_end, BAND)
         rows = tm * BM + tl.arange(0, BM)
         row_ok = rows < size
         arow = (row0 + rows).to(tl.int64)
@@ -165,7 +165,8 @@ def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
             ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
             NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
-            TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, num_warps=cfg.num_warps,
+            TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, BAND=cfg.band_m,
+            num_warps=cfg.num_warps,
         )
         del b  # before the next slice's buffer is allocated
     if probs is not None:
