@@ -216,6 +216,13 @@ def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -
     # of the same tiles: 3-19% faster at S1/S2 (fc1 fprop + act at S2 srelu 4.94 -> 4.07 ms,
     # fc1 dgrad 4.21 -> 3.77) and 0-11% at S3/S4; a whole S2 srelu step 28.75 -> 27.22 ms. The
     # wgrads keep pointers: TMA was 1-5% slower at S1, S3 and S4 and 2% faster at S2.
+    # Tiles in bands of 8 M tiles (gemm_common.tile_coords) for the fprop-shaped kernels:
+    # grouped_gemm.py, run P4, against a group's whole M at S2 (64 M tiles a group, a token
+    # operand larger than L2): srelu act / fprop / dact / dgrad 3.82 / 3.62 / 4.67 / 3.63 ->
+    # 3.74 / 3.44 / 4.01 / 3.50 ms, swiglu 8.18 / 3.75 / 5.40 / 6.99 -> 7.89 / 3.51 / 4.86 /
+    # 6.56 (bands of 4 and 16 no better on the sum); within 2% at S1, S3, S4 but for S3's
+    # srelu act (0.208 -> 0.219). Whole steps at S2: srelu 27.21 -> 26.26 ms, swiglu 40.63 -> 39.28
+    band = 8
     if kind == "dact":
         # The unsplit epilogue spills (C's, dC's and D's tiles live at once; sm_90a code,
         # benchmarks/epilogue_sass.py); on column slices it does not. epilogue_tiles.py, run
@@ -225,17 +232,19 @@ def bf16_gemm_config(kind: str, device: torch.device, *, swiglu: bool = False) -
         # against pointers, S1 / S2 / S3 / S4: SReLU 0.464 / 4.24 / 0.255 / 0.524 against
         # 0.477 / 4.51 / 0.249 / 0.546; SwiGLU 0.586 / 5.43 / 0.325 / 0.674 against 0.648 /
         # 6.03 / 0.341 / 0.710 (one stage more: no better on the sum)
-        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True, epilogue_split=2) if swiglu else Bf16GemmConfig(
-            128, 256, 64, 8, 3, tma=True, epilogue_split=4)
+        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True, epilogue_split=2, band_m=band) if swiglu else \
+            Bf16GemmConfig(128, 256, 64, 8, 3, tma=True, epilogue_split=4, band_m=band)
     if kind == "act" and swiglu:
         # two accumulators: 128x256 spills. Run EP1 (S1), 128x256 w8 s3 -> 128x128 w8 s4:
         # 1.54 -> 1.23 ms; run Z1: 3.97 -> 1.11 (S1), 3.98 -> 1.11 (S4). O1 with TMA, S1 / S2 /
         # S3 / S4: 0.947 / 9.49 / 0.480 / 1.002 against pointers' 1.058 / 10.43 / 0.525 / 1.109
-        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True)
+        return Bf16GemmConfig(128, 128, 64, 8, 4, tma=True, band_m=band)
     if kind == "act":
         # O1: TMA over 4 stages 0.404 / 4.13 / 0.213 / 0.422 ms, 3 stages 0.415 / 4.07 / 0.219 /
         # 0.459, pointers (3 stages) 0.504 / 4.94 / 0.258 / 0.490
-        return Bf16GemmConfig(128, 256, 64, 8, 4, tma=True)
+        return Bf16GemmConfig(128, 256, 64, 8, 4, tma=True, band_m=band)
     # Inductor's grouped-mm template on the H200: 128x256x64, 8 warps, 3 stages. O1, fc2
     # fprop / fc1 dgrad at S1 srelu: TMA 0.414 / 0.454 ms against pointers' 0.447 / 0.494
-    return Bf16GemmConfig(128, 256, 64, 8, 3, tma=kind == "fprop")
+    if kind == "fprop":
+        return Bf16GemmConfig(128, 256, 64, 8, 3, tma=True, band_m=band)
+    return Bf16GemmConfig(128, 256, 64, 8, 3)  # wgrad: its own schedule (gemm_common.wgrad_tile)
