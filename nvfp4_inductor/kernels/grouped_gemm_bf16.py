@@ -26,7 +26,8 @@ division) multiplies the fp32 accumulator and one integer RNE rounding gives bf1
 tests/test_kernels_gemm_bf16.py.
 
 Schedules: gemm_common.py's (``tile_table`` / ``tile_coords``: persistent, group tiles
-from the device-side group sizes, M fastest; ``wgrad_tile``). Tiles:
+from the device-side group sizes, M fastest within bands of ``band_m`` M tiles;
+``wgrad_tile``). Tiles:
 ``config.bf16_gemm_config``. Operand loads, two variants (``Bf16GemmConfig.tma``):
 * pointers (the wgrad's default): rows past a group's end (or past N) are clamped to a
   valid row instead of masked (those output rows/columns are not stored), so only the K
