@@ -445,42 +445,59 @@ def test_gpu_dact_split_epilogue(activation, tiles):
         check_dact_slices(GPU_SLICES, activation, f"gpu dact slices {activation} {tiles}")
 
 
+def _default_gemm_configs(activation: str) -> dict:
+    """The fprop, act and dact kernels' default configs on the GPU."""
+    dev = torch.device(DEVICE)
+    return {kind: epilogue_config(kind, _act_code(activation), dev) if kind != "fprop"
+            else config.bf16_gemm_config(kind, dev) for kind in ("fprop", "act", "dact")}
+
+
+def _assert_configs_agree(activation: str, configs: dict, others: dict, label: str) -> None:
+    """Every output of the plain fprop and of the fused kernels, on the whole weight copy and
+    in slices of 128 columns, is the same byte for byte under `configs` and `others`. K order
+    visible, F = 640 not a multiple of the tiles, empty groups, a group of one token and
+    groups of 8 to 32 M tiles of 128 rows."""
+    fc1, probs = fc1_inputs(GPU_CANCEL, activation, True, label)
+    dgrad, c, dprobs = dgrad_inputs(GPU_CANCEL, activation, True, label)
+    slices, sc, sprobs = dgrad_inputs(GPU_SLICES, activation, True, label)
+
+    def outputs(pinned):
+        with config.override(**{k: dataclasses.replace(v, min_slice_rows=128) for k, v in pinned.items()}):
+            out = {"fprop": grouped_gemm_via_bf16(*fc1),
+                   "fprop slices": grouped_gemm_via_bf16(*slices),
+                   "act": grouped_gemm_act(*fc1, probs, activation, None, 0xD7E8)[:2],
+                   "dact": grouped_gemm_dact(*dgrad, c, dprobs, activation, None, regenerate=True),
+                   "dact slices": grouped_gemm_dact(*slices, sc, sprobs, activation, None, regenerate=True)}
+        return {name: o if isinstance(o, tuple) else (o,) for name, o in out.items()}
+
+    expected = outputs(others)
+    for name, out in outputs(configs).items():
+        for i, (t, e) in enumerate(zip(out, expected[name], strict=True)):
+            assert_bytes_equal(t, e, f"{label}: {name} output {i}")
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("activation", ["srelu", "swiglu"])
 def test_gpu_tma_loads_equal_pointer_loads(activation):
     """The default configs load with TMA (zero-fill past a group's last row, past N and past
-    K) where the pointer variant clamps rows: every output of the fused kernels and of the
-    plain fprop, the whole copy and in slices, is the same byte for byte. K order visible,
-    F = 640 not a multiple of the tiles, empty groups and a group of one token."""
-    dev = torch.device(DEVICE)
-    kinds = ("fprop", "act", "dact")
-    tma = {kind: epilogue_config(kind, _act_code(activation), dev) if kind != "fprop"
-           else config.bf16_gemm_config(kind, dev) for kind in kinds}
+    K) where the pointer variant clamps rows: the same bytes."""
+    tma = _default_gemm_configs(activation)
     assert all(cfg.tma for cfg in tma.values()), tma
-    pointers = {kind: dataclasses.replace(cfg, tma=False) for kind, cfg in tma.items()}
-    label = f"gpu tma {activation}"
-    fc1, probs = fc1_inputs(GPU_CANCEL, activation, True, label)
-    dgrad, c, dprobs = dgrad_inputs(GPU_CANCEL, activation, True, label)
-    slices, sc, sprobs = dgrad_inputs(GPU_SLICES, activation, True, label)
+    _assert_configs_agree(activation, tma, {k: dataclasses.replace(v, tma=False) for k, v in tma.items()},
+                          f"gpu tma {activation}")
 
-    def outputs():
-        return {"fprop": grouped_gemm_via_bf16(*fc1),
-                "fprop slices": grouped_gemm_via_bf16(*slices),
-                "act": grouped_gemm_act(*fc1, probs, activation, None, 0xD7E8)[:2],
-                "dact": grouped_gemm_dact(*dgrad, c, dprobs, activation, None, regenerate=True),
-                "dact slices": grouped_gemm_dact(*slices, sc, sprobs, activation, None, regenerate=True)}
 
-    with config.override(**{k: dataclasses.replace(v, min_slice_rows=128) for k, v in tma.items()}):
-        with_tma = outputs()
-    with config.override(**{k: dataclasses.replace(v, min_slice_rows=128) for k, v in pointers.items()}):
-        with_pointers = outputs()
-    def as_tuple(out):
-        return out if isinstance(out, tuple) else (out,)
-
-    for name, out in with_tma.items():
-        for i, (t, p) in enumerate(zip(as_tuple(out), as_tuple(with_pointers[name]), strict=True)):
-            assert_bytes_equal(t, p, f"{label}: {name} output {i}")
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_gpu_bands_equal_whole_group_order(activation):
+    """The default configs walk a group's tiles in bands of 8 M tiles (the 2900-row group:
+    bands of 8, 8 and 7); the whole-group order gives the same bytes."""
+    banded = _default_gemm_configs(activation)
+    assert all(cfg.band_m == 8 for cfg in banded.values()), banded
+    _assert_configs_agree(activation, banded, {k: dataclasses.replace(v, band_m=0) for k, v in banded.items()},
+                          f"gpu bands {activation}")
 
 
 @pytest.mark.gpu
