@@ -254,18 +254,9 @@ def test_tile_bands_change_no_bit(band):
     """The fprop, act and dact kernels walking a group's tiles in bands of `band` M tiles
     (``Bf16GemmConfig.band_m``; 16x16 tiles: up to 3 M and 6 N tiles a group, so band 2
     leaves a short last band) write the bytes of the whole-group order, every tile once."""
-    tiles = Bf16GemmConfig(16, 16, 32, 4, 1, 3)
-    fc1, probs = fc1_inputs(UNEVEN, "swiglu", True, "bands")
-    dgrad, c, dprobs = dgrad_inputs(UNEVEN, "swiglu", True, "bands")
-
-    def outputs(cfg):
-        with config.override(fprop=cfg, act=cfg, dact=cfg):
-            return [grouped_gemm_via_bf16(*fc1), *grouped_gemm_act(*fc1, probs, "swiglu", None, 0xD7E8)[:2],
-                    *grouped_gemm_dact(*dgrad, c, dprobs, "swiglu", None, regenerate=True)]
-
-    for i, (whole, banded) in enumerate(zip(outputs(tiles), outputs(dataclasses.replace(tiles, band_m=band)),
-                                            strict=True)):
-        assert_bytes_equal(banded, whole, f"band {band}: output {i}")
+    tiles = {kind: Bf16GemmConfig(16, 16, 32, 4, 1, 3) for kind in ("fprop", "act", "dact")}
+    _assert_configs_agree("swiglu", {k: dataclasses.replace(v, band_m=band) for k, v in tiles.items()}, tiles,
+                          f"band {band}", cases=(UNEVEN, WIDE))
 
 
 def test_zero_tokens_and_errors():
@@ -452,14 +443,16 @@ def _default_gemm_configs(activation: str) -> dict:
             else config.bf16_gemm_config(kind, dev) for kind in ("fprop", "act", "dact")}
 
 
-def _assert_configs_agree(activation: str, configs: dict, others: dict, label: str) -> None:
-    """Every output of the plain fprop and of the fused kernels, on the whole weight copy and
-    in slices of 128 columns, is the same byte for byte under `configs` and `others`. K order
-    visible, F = 640 not a multiple of the tiles, empty groups, a group of one token and
-    groups of 8 to 32 M tiles of 128 rows."""
-    fc1, probs = fc1_inputs(GPU_CANCEL, activation, True, label)
-    dgrad, c, dprobs = dgrad_inputs(GPU_CANCEL, activation, True, label)
-    slices, sc, sprobs = dgrad_inputs(GPU_SLICES, activation, True, label)
+def _assert_configs_agree(activation: str, configs: dict, others: dict, label: str,
+                          cases: tuple = (GPU_CANCEL, GPU_SLICES)) -> None:
+    """Every output of the plain fprop and of the fused kernels, on the whole weight copy
+    (cases[0]) and in slices of 128 columns where cases[1]'s copy is large enough, is the
+    same byte for byte under `configs` and `others`. The GPU cases: K order visible, F = 640
+    not a multiple of the tiles, empty groups, a group of one token and groups of 8 to 32 M
+    tiles of 128 rows."""
+    fc1, probs = fc1_inputs(cases[0], activation, True, label)
+    dgrad, c, dprobs = dgrad_inputs(cases[0], activation, True, label)
+    slices, sc, sprobs = dgrad_inputs(cases[1], activation, True, label)
 
     def outputs(pinned):
         with config.override(**{k: dataclasses.replace(v, min_slice_rows=128) for k, v in pinned.items()}):
