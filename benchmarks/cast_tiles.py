@@ -22,7 +22,11 @@ candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS cou
 (benchmarks/cast_sass.py).
 
     python benchmarks/cast_tiles.py [--device cuda|cpu] [--cases "S4 x" "S4 W1" ...] [--roundings SR]
-        [--kinds row col "row deq"]
+        [--kinds row col "row deq"] [--tiles 16x128w1k4 32x128w2k4 ...]
+
+``--tiles`` replaces the single-copy candidates (``BMxBKwWARPSkBLOCKS``, optionally
+``rREGISTERS``): each candidate compiles once per case and rounding, which is most of a
+sweep's time on the H200, so a question about a few tiles should name only those.
 
 ``--device cpu`` is a dry run under the Triton interpreter at a tiny shape (every kind of
 launch and its bit check, one candidate tile each, no timing):
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import torch
@@ -80,6 +85,15 @@ def tiles_name(cfg) -> str:
     return f"{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} k{cfg.k_blocks}{regs}"
 
 
+def parse_tiles(text: str) -> CastConfig:
+    """'16x128w1k4' (optionally 'r168' after it) -> CastConfig(16, 128, 1, k_blocks=4)."""
+    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)k(\d+)(?:r(\d+))?", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"--tiles: {text!r} is not BMxBKwWARPSkBLOCKS[rREGISTERS], e.g. 16x128w1k4")
+    bm, bk, warps, blocks, regs = match.groups()
+    return CastConfig(int(bm), int(bk), int(warps), int(regs) if regs else None, int(blocks))
+
+
 def main(argv=None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -88,6 +102,8 @@ def main(argv=None) -> list[list[str]]:
                         help="the activation cases' roundings")
     parser.add_argument("--kinds", nargs="+", default=["row", "col", "row deq"], choices=["row", "col", "row deq"],
                         help="the activation cases' single-copy launches to sweep")
+    parser.add_argument("--tiles", nargs="+", type=parse_tiles,
+                        help="single-copy candidates instead of TILES, e.g. 16x128w1k4 32x128w2k4")
     args = parser.parse_args(argv)
     device = args.device
     known = [c[0] for c in CASES[device]] + [s[0] for s in STACKS[device]]
@@ -145,7 +161,7 @@ def main(argv=None) -> list[list[str]]:
             for kind, copies in (k for k in kinds if k[0] in args.kinds):
                 reference = both if kind != "row deq" else cast(*copies)  # deq(): the heuristic's bits
                 fields = (2, 3) if kind == "col" else (0, 1)
-                for cfg in [None, *candidates(TILES[sr])]:
+                for cfg in [None, *candidates(args.tiles or TILES[sr])]:
                     t, bits = at_tiles(cfg, lambda: cast(*copies), reference, fields)
                     best[kind] = min(best.get(kind, float("inf")), t) if t == t else t
                     row(name, rounding, kind, tiles_name(cfg), t, bits)
