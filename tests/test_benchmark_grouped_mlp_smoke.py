@@ -193,3 +193,17 @@ def test_cast_tiles_dry_run_finds_every_launch_bit_equal():
     # {RNE, SR} x {row, col} x 2 tiles, RNE's row deq() x 2 tiles, the stack's 2
     assert bits.count("equal") == 2 * 2 * 2 + 2 + 2, rows
 
+
+def test_cast_tiles_named_candidates():
+    """--tiles: the named candidates replace the built-in ones (here a 16-row, 64-column tile,
+    a shape TILES lacks, on the column-only SR launch), and a malformed one is refused
+    naming the flag."""
+    import cast_tiles
+
+    rows = cast_tiles.main(["--device", "cpu", "--cases", "tiny x", "--roundings", "SR", "--kinds", "col",
+                            "--tiles", "16x64w1k8"])
+    assert [r[3] for r in rows if r[2] == "col"] == ["heuristic", "16x64 w1 k8"], rows
+    assert all(r[5] == "equal" for r in rows if r[2] == "col"), rows
+    with pytest.raises(SystemExit):
+        cast_tiles.main(["--device", "cpu", "--tiles", "16x64"])
+
