@@ -140,7 +140,13 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     64x128 4 warps, 4 blocks, runs K1 + K2: S4 W1 349 us, S4 W2 350, S1 W1 127 against the
     token tiles' (32x128 1 warp) 467 / 461 / 174 -- 255 registers with 120 B of spills at 1
     warp; 2 warps 368 / 380 / 149, 8 warps 407 / - / 144, 2 blocks 348 / - / 124. Stacks of
-    1x16 blocks (``block_2d=False``) take the same tiles, unmeasured."""
+    1x16 blocks (``block_2d=False``) take the same tiles, unmeasured.
+    SR column-only: 32x64 1 warp, 8 blocks (run G3, cast_tiles.py --tiles): S1 x 135 / S4 x 267
+    / S4 h 110 us against 32x128's 172 / 348 / 139 -- half the columns a program, so 4 of a
+    thread's elements per token instead of 8: 196 registers and no spills against 255 with
+    488 B (sm_90a SASS, local Triton 3.9), more warps resident an SM. 16-row tiles of the
+    same registers did not gain (16x128 1 warp 164 / 349 / 141); RNE column-only at 32x64
+    ties 32x128 2 warps (112 / 225 / 94)."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -156,7 +162,7 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
             return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
     if sr:
-        return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
+        return CastConfig(block_m=32, block_k=64, num_warps=1, k_blocks=8)
     return CastConfig(block_m=32, block_k=128, num_warps=2, k_blocks=4)
 
 
