@@ -75,7 +75,7 @@ def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048)
         STACKED=stacked, EVEN_K=True, SHARED_CODES=block_2d and rowwise and columnwise and not sr,  # one amax
         ROW_DEQ=row_deq,
         BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
-        BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, grid=(1,), **cfg.launch_options())
+        BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, TOKEN_UNROLL=cfg.token_unroll, grid=(1,), **cfg.launch_options())
     return compiled.asm["cubin"], cfg
 
 
@@ -105,6 +105,8 @@ def resources(cubin: bytes) -> dict:
 
 def count(cubin: bytes, cfg) -> dict:
     """Instructions (all, inside the column-block loop, per element), registers, spill bytes."""
+    if cfg.token_unroll != 16:
+        raise ValueError("count() takes the column-block loop for the only loop: tiles with token_unroll 16")
     res = resources(cubin)
     per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
     executed = res["sass"] - res["loop"] + cfg.k_blocks * res["loop"]

@@ -25,8 +25,9 @@ candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS cou
         [--kinds row col "row deq"] [--tiles 16x128w1k4 32x128w2k4 ...]
 
 ``--tiles`` replaces the single-copy candidates (``BMxBKwWARPSkBLOCKS``, optionally
-``rREGISTERS``): each candidate compiles once per case and rounding, which is most of a
-sweep's time on the H200, so a question about a few tiles should name only those.
+``uUNROLL``, the row-only casts' tokens per unrolled step, and ``rREGISTERS``): each
+candidate compiles once per case and rounding, which is most of a sweep's time on the
+H200, so a question about a few tiles should name only those.
 
 ``--device cpu`` is a dry run under the Triton interpreter at a tiny shape (every kind of
 launch and its bit check, one candidate tile each, no timing):
@@ -82,16 +83,20 @@ def tiles_name(cfg) -> str:
     if cfg is None:
         return "heuristic"
     regs = f" regs {cfg.max_registers}" if cfg.max_registers else ""
-    return f"{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} k{cfg.k_blocks}{regs}"
+    unroll = f" u{cfg.token_unroll}" if cfg.token_unroll != 16 else ""
+    return f"{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} k{cfg.k_blocks}{unroll}{regs}"
 
 
 def parse_tiles(text: str) -> CastConfig:
-    """'16x128w1k4' (optionally 'r168' after it) -> CastConfig(16, 128, 1, k_blocks=4)."""
-    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)k(\d+)(?:r(\d+))?", text)
+    """'16x128w1k4' (optionally 'u4', the row-only token unroll, then 'r168', a register
+    cap) -> CastConfig(16, 128, 1, k_blocks=4)."""
+    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)k(\d+)(?:u(\d+))?(?:r(\d+))?", text)
     if not match:
-        raise argparse.ArgumentTypeError(f"--tiles: {text!r} is not BMxBKwWARPSkBLOCKS[rREGISTERS], e.g. 16x128w1k4")
-    bm, bk, warps, blocks, regs = match.groups()
-    return CastConfig(int(bm), int(bk), int(warps), int(regs) if regs else None, int(blocks))
+        raise argparse.ArgumentTypeError(
+            f"--tiles: {text!r} is not BMxBKwWARPSkBLOCKS[uUNROLL][rREGISTERS], e.g. 16x128w1k4 or 16x512w2k2u4")
+    bm, bk, warps, blocks, unroll, regs = match.groups()
+    return CastConfig(int(bm), int(bk), int(warps), int(regs) if regs else None, int(blocks),
+                      int(unroll) if unroll else 16)
 
 
 def main(argv=None) -> list[list[str]]:

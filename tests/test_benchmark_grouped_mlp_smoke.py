@@ -199,11 +199,13 @@ def test_cast_tiles_named_candidates():
     a shape TILES lacks, on the column-only SR launch), and a malformed one is refused
     naming the flag."""
     import cast_tiles
+    from nvfp4_inductor.kernels.config import CastConfig
 
     rows = cast_tiles.main(["--device", "cpu", "--cases", "tiny x", "--roundings", "SR", "--kinds", "col",
                             "--tiles", "16x64w1k8"])
     assert [r[3] for r in rows if r[2] == "col"] == ["heuristic", "16x64 w1 k8"], rows
     assert all(r[5] == "equal" for r in rows if r[2] == "col"), rows
+    assert cast_tiles.parse_tiles("16x512w2k2u4r168") == CastConfig(16, 512, 2, 168, 2, token_unroll=4)
     with pytest.raises(SystemExit):
         cast_tiles.main(["--device", "cpu", "--tiles", "16x64"])
 

@@ -42,8 +42,9 @@ def _cast(x, sizes, amax, seed, rowwise, columnwise, sr, deq):
                       deq and rowwise)
 
 
-@pytest.mark.parametrize("tiles", [None, CastConfig(32, 32, 4), CastConfig(16, 32, 1, k_blocks=2)],
-                         ids=["default", "32x32", "16x32 k2"])
+@pytest.mark.parametrize("tiles", [None, CastConfig(32, 32, 4), CastConfig(16, 32, 1, k_blocks=2),
+                                   CastConfig(16, 32, 1, k_blocks=2, token_unroll=4)],
+                         ids=["default", "32x32", "16x32 k2", "16x32 k2 u4"])
 @pytest.mark.parametrize("copies,sr", [((True, False), False), ((True, False), True), ((True, True), False)],
                          ids=["row-rne", "row-sr", "row+col-rne"])
 def test_row_deq_copy_equals_the_dequantized_packed_copy(copies, sr, tiles):

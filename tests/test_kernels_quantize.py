@@ -129,14 +129,18 @@ def test_group_quantize_matches_reference(case: GroupCase):
 @pytest.mark.parametrize(
     "cfg",
     [CastConfig(block_m=16, block_k=32, num_warps=1), CastConfig(block_m=32, block_k=64, num_warps=2, max_registers=128),
-     CastConfig(block_m=64, block_k=16, num_warps=1, k_blocks=4), CastConfig(block_m=64, block_k=32, num_warps=1, k_blocks=2)],
-    ids=["one_run_narrow", "two_runs_register_cap", "four_column_blocks", "two_column_blocks_k_tail"],
+     CastConfig(block_m=64, block_k=16, num_warps=1, k_blocks=4), CastConfig(block_m=64, block_k=32, num_warps=1, k_blocks=2),
+     CastConfig(block_m=32, block_k=32, num_warps=1, k_blocks=2, token_unroll=4),
+     CastConfig(block_m=16, block_k=64, num_warps=1, token_unroll=1)],
+    ids=["one_run_narrow", "two_runs_register_cap", "four_column_blocks", "two_column_blocks_k_tail",
+         "row_tokens_in_fours", "row_tokens_one_at_a_time"],
 )
 def test_cast_tiles_change_no_bit(cfg):
     """Tiles that split groups across programs, leave K unaligned (96 % 64), cap the
-    registers, or walk several column blocks per program (96 = 6 blocks of 16: programs of
-    4 and 2; 3 blocks of 32: programs of 2 and 1) give the reference's bits: RNE and SR,
-    row and column, row only, and 2D weight stacks."""
+    registers, walk several column blocks per program (96 = 6 blocks of 16: programs of
+    4 and 2; 3 blocks of 32: programs of 2 and 1), or walk a run's tokens in a loop of 4 or
+    1 at a time in row-only casts (groups of 37 and 13 tokens end inside a step) give the
+    reference's bits: RNE and SR, row and column, row only, and 2D weight stacks."""
     x = random_input(100, 96, seed=5)
     sizes = torch.tensor([0, 37, 50, 13], device=DEVICE)
     for options in (_RHT, dict(_RHT, stochastic_rounding=True, seed=9), _ROW_ONLY):
@@ -152,6 +156,11 @@ def test_cast_tiles_change_no_bit(cfg):
 def test_register_cap_is_a_launch_option():
     assert CastConfig(32, 128, 1).launch_options() == dict(num_warps=1)
     assert CastConfig(32, 128, 1, max_registers=168).launch_options() == dict(num_warps=1, maxnreg=168)
+
+
+def test_token_unroll_must_divide_a_run():
+    with pytest.raises(ValueError, match="token_unroll"):
+        CastConfig(32, 128, 1, token_unroll=3)
 
 
 @pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["mask_d7e8", "mask0"])

@@ -20,7 +20,8 @@ costs no copy launch of its own).
     token j      |  x_j[run, :] = x[src row of (run, j), k0:k0+BK]
 
 Row-wise: tile x_j is R rows of x: 1x16 blocks along K, stored at the source rows. A
-row-wise-only cast takes the 16 tiles one at a time (nothing needs them together).
+row-wise-only cast takes the 16 tiles one at a time (nothing needs them together), all
+unrolled or ``CastConfig.token_unroll`` per step of a loop (a smaller kernel to compile).
 Column-wise: the 16 tiles of a run form one 16-token block per column k; codes of
 tokens 2i, 2i+1 share a byte and the 8 bytes of a run go out as one uint64, so the
 column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity), through
@@ -141,6 +142,20 @@ def _store_rowwise_2d(x, code_s, enc, word, src, ok, k0, K, row_data_ptr, row_sc
 
 
 @triton.jit
+def _cast_row_tokens(x_ptr, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
+                     row_data_ptr, row_scale_ptr, SR: tl.constexpr, EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr,
+                     R: tl.constexpr, BK: tl.constexpr, N: tl.constexpr):
+    """Row-wise only: tokens local0 .. local0 + N - 1 of each run, each loaded, cast and
+    stored in turn (unrolled: the compiler overlaps a token's load with the previous
+    token's work)."""
+    for j in tl.static_range(N):
+        srcj, okj = token_rows(start, local0, size, in_group, j)
+        xj = load_rows(x_ptr, srcj, okj, K, ks, k_ok)
+        _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
+                       row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+
+
+@triton.jit
 def _in_layout_of(x, w):
     """w unchanged (the condition is always true; LLVM folds it away), joined with x in
     one op so Triton gives w the register layout of x.
@@ -170,6 +185,7 @@ def _cast_block(
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+    TOKEN_UNROLL: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
@@ -182,11 +198,13 @@ def _cast_block(
         # hoisted, they stay live across the 16 loads there, 251 -> 255 registers for RNE
         # row + column and spills in the 2D cast, sm_90 ptxas.)
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
-        for j in tl.static_range(16):
-            srcj, okj = token_rows(start, local0, size, in_group, j)
-            xj = load_rows(x_ptr, srcj, okj, K, ks, k_ok)
-            _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
-                           row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
+        if TOKEN_UNROLL == 16:
+            _cast_row_tokens(x_ptr, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
+                             row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, 16)
+        else:
+            for j0 in range(0, 16, TOKEN_UNROLL):
+                _cast_row_tokens(x_ptr, start, local0 + j0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec,
+                                 seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, TOKEN_UNROLL)
         return
     src0, ok0 = token_rows(start, local0, size, in_group, 0)
     x0 = load_rows(x_ptr, src0, ok0, K, ks, k_ok)
@@ -390,7 +408,7 @@ def _group_cast_kernel(
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
-    BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr, TOKEN_UNROLL: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -421,13 +439,15 @@ def _group_cast_kernel(
     if K_BLOCKS == 1:
         _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                     col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
+                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK,
+                    TOKEN_UNROLL)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
             _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK)
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK,
+                    TOKEN_UNROLL)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -505,6 +525,7 @@ def group_cast(
             ROWWISE=row, COLUMNWISE=col, RHT=col_rht, SIGN_MASK=sign_mask if col_rht else 0, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
-            BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, **cfg.launch_options(),
+            BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks,
+            TOKEN_UNROLL=cfg.token_unroll, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out
