@@ -8,10 +8,14 @@ front end and the ptxas it ships, a stand-in driver naming an SM90 target; nothi
 with its tile config from ``kernels.config.cast_config`` (``--k-blocks`` overrides the
 column blocks per program). Its SASS is counted from cuobjdump: instructions per element =
 (instructions outside the column-block loop + k_blocks x those inside) / (elements a thread
-casts per program), as if every program walked k_blocks blocks. Registers and spill bytes
-come from cuobjdump's resource usage.
+casts per program), as if every program walked k_blocks blocks (a row-only cast with
+``--token-unroll`` below 16 also loops over its tokens inside each block). Registers and
+spill bytes come from cuobjdump's resource usage. "compile s": Triton's compile of the
+variant into an empty cache on this machine's CPU -- a cold first step waits for the
+slowest kernel of its forward, then of its backward (benchmarks/NOTES.md, run N2).
 
-    python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--variants row+col "col sr" ...]
+    python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--token-unroll 16 4]
+        [--variants row+col "col sr" ...]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -52,7 +57,8 @@ VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq
     "weights 2d, row deq": (True, True, False, True, False, True, True),
     "row deq": (True, False, False, False, False, False, True),
 }
-HEADERS = ["variant", "groups", "k_blocks", "SASS", "in loop", "per element", "registers", "spill bytes"]
+HEADERS = ["variant", "groups", "k_blocks", "token_unroll", "SASS", "in loop", "per element", "registers",
+           "spill bytes", "compile s"]
 _BRANCH = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
 
 
@@ -60,13 +66,20 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048):
+def row_only(variant: str) -> bool:
+    rowwise, columnwise, _, block_2d = VARIANTS[variant][:4]
+    return rowwise and not columnwise and not block_2d
+
+
+def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048, token_unroll: int | None = None):
     """(cubin bytes, config) of one cast variant for sm_90a."""
     rowwise, columnwise, rht, block_2d, sr, stacked, row_deq = (*VARIANTS[variant], False)[:7]
     cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise,
                              stacked=stacked)
     if k_blocks is not None:
         cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
+    if token_unroll is not None:
+        cfg = dataclasses.replace(cfg, token_unroll=token_unroll)
     x = torch.empty(4096, k, dtype=torch.bfloat16)
     u8, f32, i64 = torch.empty(16, dtype=torch.uint8), torch.empty(groups), torch.empty(groups + 1, dtype=torch.int64)
     compiled = _group_cast_kernel.warmup(
@@ -88,7 +101,7 @@ def resources(cubin: bytes) -> dict:
     usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True).stdout
     sass = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
     addresses = []
-    loop = 0
+    loops = []  # (first address, last address, instructions) of each loop
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if not m:
@@ -98,18 +111,28 @@ def resources(cubin: bytes) -> dict:
         branch = _BRANCH.search(m.group(2))
         if branch and int(branch.group(1), 16) < addr:  # a backward branch closes the loop
             target = int(branch.group(1), 16)
-            loop = max(loop, sum(1 for a in addresses if target <= a <= addr))
-    return dict(sass=len(addresses), loop=loop, registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+            loops.append((target, addr, sum(1 for a in addresses if target <= a <= addr)))
+    outer = max(loops, key=lambda span: span[2], default=(0, 0, 0))
+    inner = max((span for span in loops if outer[0] < span[0] and span[1] < outer[1]), key=lambda span: span[2],
+                default=(0, 0, 0))
+    return dict(sass=len(addresses), loop=outer[2], inner_loop=inner[2],
+                registers=int(re.search(r"REG:(\d+)", usage).group(1)),
                 spills=int(re.search(r"STACK:(\d+)", usage).group(1)))
 
 
-def count(cubin: bytes, cfg) -> dict:
-    """Instructions (all, inside the column-block loop, per element), registers, spill bytes."""
-    if cfg.token_unroll != 16:
-        raise ValueError("count() takes the column-block loop for the only loop: tiles with token_unroll 16")
+def count(cubin: bytes, cfg, row_only: bool) -> dict:
+    """Instructions (all, inside the column-block loop, per element), registers, spill bytes.
+    A row-only cast whose tokens loop (token_unroll < 16) runs that loop's body 16 /
+    token_unroll times a column block: the column-block loop's innermost loop, or its only
+    loop with one block."""
     res = resources(cubin)
     per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
-    executed = res["sass"] - res["loop"] + cfg.k_blocks * res["loop"]
+    steps = 16 // cfg.token_unroll if row_only else 1
+    if steps > 1 and cfg.k_blocks == 1:  # no column-block loop: the token loop is the largest
+        executed = res["sass"] - res["loop"] + steps * res["loop"]
+    else:
+        block = res["loop"] - res["inner_loop"] + (steps * res["inner_loop"] if steps > 1 else res["inner_loop"])
+        executed = res["sass"] - res["loop"] + cfg.k_blocks * block
     return dict(res, per_element=executed / (cfg.k_blocks * per_thread))
 
 
@@ -119,17 +142,27 @@ def main(argv=None) -> list[list[str]]:
     ap.add_argument("--groups", type=int, nargs="+", default=[8, 128])
     ap.add_argument("--k-blocks", type=int, nargs="+", default=None,
                     help="column blocks per program (default: the heuristic's)")
+    ap.add_argument("--token-unroll", type=int, nargs="+", default=None,
+                    help="row-only variants: tokens per unrolled step (default: the heuristic's)")
     args = ap.parse_args(argv)
+    # compile times in an empty cache, after one throwaway compile (Triton's and LLVM's
+    # first-use setup would otherwise land in the first row)
+    triton.knobs.cache.dir = tempfile.mkdtemp(prefix="cast_sass_cache_")
+    compile_cast("col", 2, 1, k=64)
     rows = []
     for variant in args.variants:
         for groups in args.groups:
             for k_blocks in args.k_blocks or [None]:
-                cubin, cfg = compile_cast(variant, groups, k_blocks)
-                c = count(cubin, cfg)
-                rows.append([variant, str(groups), str(cfg.k_blocks), str(c["sass"]), str(c["loop"]),
-                             f"{c['per_element']:.1f}", str(c["registers"]), str(c["spills"])])
-                print(f"[{variant}, G={groups}, k_blocks={cfg.k_blocks}] {c['per_element']:.1f} per element",
-                      flush=True)
+                for unroll in (args.token_unroll or [None]) if row_only(variant) else [None]:
+                    start = time.perf_counter()
+                    cubin, cfg = compile_cast(variant, groups, k_blocks, token_unroll=unroll)
+                    seconds = time.perf_counter() - start
+                    c = count(cubin, cfg, row_only(variant))
+                    rows.append([variant, str(groups), str(cfg.k_blocks), str(cfg.token_unroll), str(c["sass"]),
+                                 str(c["loop"]), f"{c['per_element']:.1f}", str(c["registers"]), str(c["spills"]),
+                                 f"{seconds:.1f}"])
+                    print(f"[{variant}, G={groups}, k_blocks={cfg.k_blocks}, token_unroll={cfg.token_unroll}] "
+                          f"{c['per_element']:.1f} per element, compiled in {seconds:.1f} s", flush=True)
     print(format_table(HEADERS, rows))
     return rows
 

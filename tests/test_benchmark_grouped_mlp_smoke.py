@@ -154,17 +154,26 @@ def _main_in_child(script: str, argv: list[str], tmp_path) -> list[list[str]]:
     return json.loads((tmp_path / "rows.json").read_text())
 
 
-def test_cast_sass_counts_the_column_block_loop(tmp_path):
+def test_cast_sass_counts_the_column_block_and_token_loops(tmp_path):
     """benchmarks/cast_sass.py (SM90 instructions per cast element, compiled here with
     Triton's ptxas): one column block per program compiles to straight-line code, four to a
     loop whose body holds most of the kernel, and the loop spreads the per-program work
-    over more elements."""
-    rows = _main_in_child("cast_sass", ["--variants", "row", "--groups", "8", "--k-blocks", "1", "4"], tmp_path)
-    one, four = [dict(zip(["variant", "groups", "k_blocks", "sass", "loop", "per_element", "registers", "spills"], r))
-                 for r in rows]
-    assert (one["k_blocks"], one["loop"]) == ("1", "0")
+    over more elements; a row-only cast's tokens in a loop of 4 count through the nested
+    loop, and every variant reports its compile time."""
+    rows = _main_in_child("cast_sass", ["--variants", "row", "--groups", "8", "--k-blocks", "1", "4",
+                                        "--token-unroll", "16", "4"], tmp_path)
+    one, one_u4, four, four_u4 = [
+        dict(zip(["variant", "groups", "k_blocks", "unroll", "sass", "loop", "per_element", "registers", "spills",
+                  "compile_s"], r)) for r in rows]
+    assert (one["k_blocks"], one["unroll"], one["loop"]) == ("1", "16", "0")
     assert four["k_blocks"] == "4" and int(four["loop"]) > int(four["sass"]) // 2
     assert float(four["per_element"]) < float(one["per_element"])
+    # tokens in a loop of 4: a quarter of the code, run 4 times a block -- about the same
+    # instructions an element, counted through the nested loop (not 4x fewer)
+    assert int(four_u4["sass"]) < int(four["sass"]) // 2 and int(one_u4["loop"]) > 0
+    for rolled, unrolled in ((one_u4, one), (four_u4, four)):
+        assert 0.9 < float(rolled["per_element"]) / float(unrolled["per_element"]) < 1.2, (rolled, unrolled)
+    assert all(float(r["compile_s"]) > 0 for r in (one, one_u4, four, four_u4))
 
 
 def test_epilogue_sass_finds_the_split_dact_epilogue_spills_less(tmp_path):
