@@ -447,7 +447,7 @@ def _group_cast_kernel(
             _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
                         size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK,
-                    TOKEN_UNROLL)
+                        TOKEN_UNROLL)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
