@@ -120,19 +120,17 @@ def resources(cubin: bytes) -> dict:
                 spills=int(re.search(r"STACK:(\d+)", usage).group(1)))
 
 
-def count(cubin: bytes, cfg, row_only: bool) -> dict:
+def count(cubin: bytes, cfg, token_loop: bool) -> dict:
     """Instructions (all, inside the column-block loop, per element), registers, spill bytes.
-    A row-only cast whose tokens loop (token_unroll < 16) runs that loop's body 16 /
-    token_unroll times a column block: the column-block loop's innermost loop, or its only
-    loop with one block."""
+    With `token_loop` (a row-only cast) and token_unroll < 16, the token loop's body runs
+    16 / token_unroll times a column block: the column-block loop's innermost loop, or the
+    only loop with one block."""
     res = resources(cubin)
     per_thread = cfg.block_m * cfg.block_k // (32 * cfg.num_warps)
-    steps = 16 // cfg.token_unroll if row_only else 1
-    if steps > 1 and cfg.k_blocks == 1:  # no column-block loop: the token loop is the largest
-        executed = res["sass"] - res["loop"] + steps * res["loop"]
-    else:
-        block = res["loop"] - res["inner_loop"] + (steps * res["inner_loop"] if steps > 1 else res["inner_loop"])
-        executed = res["sass"] - res["loop"] + cfg.k_blocks * block
+    steps = 16 // cfg.token_unroll if token_loop else 1
+    token_body = res["loop"] if cfg.k_blocks == 1 else res["inner_loop"]
+    block = res["loop"] + (steps - 1) * token_body  # the column-block loop's body, as executed
+    executed = res["sass"] - res["loop"] + cfg.k_blocks * block
     return dict(res, per_element=executed / (cfg.k_blocks * per_thread))
 
 
@@ -153,11 +151,12 @@ def main(argv=None) -> list[list[str]]:
     for variant in args.variants:
         for groups in args.groups:
             for k_blocks in args.k_blocks or [None]:
-                for unroll in (args.token_unroll or [None]) if row_only(variant) else [None]:
+                token_loop = row_only(variant)
+                for unroll in (args.token_unroll or [None]) if token_loop else [None]:
                     start = time.perf_counter()
                     cubin, cfg = compile_cast(variant, groups, k_blocks, token_unroll=unroll)
                     seconds = time.perf_counter() - start
-                    c = count(cubin, cfg, row_only(variant))
+                    c = count(cubin, cfg, token_loop)
                     rows.append([variant, str(groups), str(cfg.k_blocks), str(cfg.token_unroll), str(c["sass"]),
                                  str(c["loop"]), f"{c['per_element']:.1f}", str(c["registers"]), str(c["spills"]),
                                  f"{seconds:.1f}"])

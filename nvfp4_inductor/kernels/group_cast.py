@@ -198,7 +198,7 @@ def _cast_block(
         # hoisted, they stay live across the 16 loads there, 251 -> 255 registers for RNE
         # row + column and spills in the 2D cast, sm_90 ptxas.)
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
-        if TOKEN_UNROLL == 16:
+        if TOKEN_UNROLL == 16:  # straight-line code, not a loop of one step (see K_BLOCKS below)
             _cast_row_tokens(x_ptr, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
                              row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, 16)
         else:
