@@ -2,11 +2,14 @@
 E4M3 / E2M1 encoders, the pinned-order RHT and Philox random bytes.
 
 Every function repeats the fp32 operations of ``nvfp4_inductor/formats.py`` and
-``numerics.py`` one for one, with integer bit operations instead of float casts, so
-the interpreter (numpy) and the GPU give the same bits:
+``numerics.py`` one for one, so the interpreter (numpy) and the GPU give the same bits:
 
-* no ``.to(tl.float8e4nv)`` (the interpreter rounds ties away and does not saturate),
-  no ``.to(tl.bfloat16)`` (rounded here with integer RNE instead, same result);
+* the bf16 rounding and the E4M3 encode / decode take the hardware's conversions on the
+  GPU (``cvt.rn.bf16.f32``; ``cvt.rn.satfinite.e4m3x2.f32`` and back through fp16, all
+  exact or round-to-nearest-even, saturating at 448 as the encoder must) and integer bit
+  operations under the interpreter, whose casts differ (fp8: ties away from zero, no
+  saturation; bf16 -> fp32: wrong subnormals). ``_HW_CVT`` picks one when a kernel is
+  traced; the GPU bit tests hold the hardware paths to ``numerics.py``, CI the integer ones;
 * every division is ``tl.math.div_rn`` (IEEE round-to-nearest; a plain ``/`` may lower
   to an approximate division on the GPU);
 * a multiply-add pair that the compiler may contract to an FMA appears only where the
@@ -20,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..constants import E4M3_MAX, FLT_MAX, FP4_E4M3_MAX, INV_FP4_MAX, PHILOX_ROUNDS, RHT_SCALE
+from ._registry import INTERPRET
 
 _FLT_MAX: tl.constexpr = tl.constexpr(FLT_MAX)
 _FP4_E4M3_MAX: tl.constexpr = tl.constexpr(FP4_E4M3_MAX)  # 2688
@@ -27,11 +31,14 @@ _INV_FP4_MAX: tl.constexpr = tl.constexpr(INV_FP4_MAX)  # fp32(1/6): multiplied,
 _E4M3_MAX: tl.constexpr = tl.constexpr(E4M3_MAX)
 _RHT_SCALE: tl.constexpr = tl.constexpr(RHT_SCALE)
 _PHILOX_ROUNDS: tl.constexpr = tl.constexpr(PHILOX_ROUNDS)
+_HW_CVT: tl.constexpr = tl.constexpr(not INTERPRET)  # hardware conversions (module docstring)
 
 
 @triton.jit
 def bf16_round(x):
-    """fp32 -> fp32 holding bf16(x), round to nearest even (finite x), by integer ops."""
+    """fp32 -> fp32 holding bf16(x), round to nearest even (finite x)."""
+    if _HW_CVT:
+        return x.to(tl.bfloat16).to(tl.float32)
     u = x.to(tl.uint32, bitcast=True)
     u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
     return u.to(tl.float32, bitcast=True)
@@ -54,6 +61,8 @@ def global_scales(amax):
 def e4m3_encode_nonneg(s):
     """fp32 s >= 0 -> E4M3 code (int32): RNE, saturate at 448, subnormals kept
     (formats.e4m3_encode; block scales are never negative)."""
+    if _HW_CVT:  # satfinite: 448 < s < 464 saturates, as below
+        return s.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
     a = tl.minimum(s, _E4M3_MAX)  # saturate first: 448 < s < 464 must not round to NaN
     ab = a.to(tl.int32, bitcast=True)
     lsb = (ab >> 20) & 1
@@ -67,6 +76,8 @@ def e4m3_encode_nonneg(s):
 @triton.jit
 def e4m3_decode(code):
     """E4M3 code (int32, 0..0x7E) -> its fp32 value (exact)."""
+    if _HW_CVT:  # Hopper has no direct e4m3 -> fp32 conversion; through fp16 is exact
+        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32)
     exponent = code >> 3
     mantissa = code & 7
     normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
