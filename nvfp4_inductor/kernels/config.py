@@ -37,9 +37,10 @@ class CastConfig:
     # runs' groups and the other per-program work are paid once for all of them
     k_blocks: int = 1
     # row-wise-only casts: tokens of a run unrolled per step of the loop over a run's 16
-    # (16: no loop). Unrolled, the compiler overlaps each token's load with the previous
-    # token's work; 4 compiles the SR row cast in a quarter of the time (sm_90a on a CPU:
-    # 8.4 -> 1.9 s, most of it Triton's coalescing pass) at ~3% more instructions.
+    # (16: no loop). Unrolled, the compiler can overlap each token's load with the previous
+    # token's work, at more registers a thread and a longer compile (the SR row cast on
+    # sm_90a, compiled on a CPU: 8.3 s unrolled, 0.8 s one token a step, most of it Triton's
+    # coalescing pass); ``cast_config`` says where a loop is faster.
     token_unroll: int = 16
 
     def __post_init__(self):
@@ -156,7 +157,12 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     thread's elements per token instead of 8: 196 registers and no spills against 255 with
     488 B (sm_90a SASS, local Triton 3.9), more warps resident an SM. 16-row tiles of the
     same registers did not gain (16x128 1 warp 164 / 349 / 141); RNE column-only at 32x64
-    ties 32x128 2 warps (112 / 225 / 94)."""
+    ties 32x128 2 warps (112 / 225 / 94).
+    SR row-only, one token a step of a loop over a run's 16 (``token_unroll`` 1; run H1,
+    cast_tiles.py --tiles, every candidate's bits equal): 16x512 w2 k2 S1 x 134 -> 106 us,
+    S4 x 279 -> 241; 32x128 w1 k4 at S4 h 153 -> 142 (4 tokens a step: 134 / 281 / 145).
+    52 registers instead of 118 (sm_90a SASS): more warps resident hide the load latency
+    better than unrolling does, and the kernel compiles in a tenth of the time."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -167,9 +173,9 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
     if rowwise:
         if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
-            return CastConfig(block_m=16, block_k=512, num_warps=2, k_blocks=2)
+            return CastConfig(block_m=16, block_k=512, num_warps=2, k_blocks=2, token_unroll=1)
         if sr:
-            return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
+            return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4, token_unroll=1)
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
     if sr:
         return CastConfig(block_m=32, block_k=64, num_warps=1, k_blocks=8)
