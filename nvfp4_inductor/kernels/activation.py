@@ -23,7 +23,7 @@ on every device, provided:
   with ``mul.rn.f32`` inline PTX on the GPU (``_mul_rn``), which LLVM cannot fuse;
 * dp follows ``activations.row_sum``: a halving tree inside each run of 16 columns
   (x[i] + x[i+8], then 4, 2, 1), run totals added to a zero-initialised total left to right;
-* bf16 rounding is integer round-to-nearest-even (``_nvfp4.bf16_round``), as torch's cast.
+* bf16 rounding is round-to-nearest-even (``_nvfp4.bf16_round``), as torch's cast.
 tanh-SReLU and SwiGLU call tanh / exp (CUDA libdevice on the GPU, numpy in the
 interpreter), which differ from torch's CPU implementations by a few fp32 ulps; the
 division by the clamp scale and the sigmoid's 1 / (1 + e) are IEEE divisions (div_rn).

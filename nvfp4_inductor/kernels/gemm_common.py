@@ -46,7 +46,7 @@ def gemm_alpha(a_amax_ptr, b_amax_ptr, g):
 
 @triton.jit
 def gemm_out_bits(acc, alpha):
-    """bf16(acc * alpha) as uint16 bits, integer RNE."""
+    """bf16(acc * alpha) as uint16 bits, round to nearest even (``_nvfp4.bf16_round``)."""
     y = bf16_round(acc * alpha)
     return (y.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
 

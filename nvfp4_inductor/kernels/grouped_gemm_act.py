@@ -22,11 +22,11 @@ Why the bits match:
   ``_grouped_gemm_bf16_kernel``, one copy for the three kernels (natural K order, so the
   tile config -- ``bf16_gemm_config("act")``, which may differ from the unfused GEMM's --
   changes no bit), then bf16(acc * alpha_g) with
-  integer RNE (``gemm_common.gemm_out_bits``, the unfused kernel's ``store_bf16`` value).
+  RNE (``gemm_common.gemm_out_bits``, the unfused kernel's ``store_bf16`` value).
 * D: the activation reads the bf16-rounded C (``widen`` of its bits, so no multiply of
   the epilogue can be contracted with anything of the activation) and
   calls ``activation.act_fwd_math`` (the same function the unfused kernel calls); then bf16
-  with integer RNE.
+  with RNE (``_nvfp4.bf16_round``).
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
 C that feed them (gate columns j, up columns F + j) in one K loop with two accumulators

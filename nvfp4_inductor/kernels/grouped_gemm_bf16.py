@@ -21,7 +21,7 @@ bit for bit whatever tile each uses (the K order is natural in all of them).
 
 Numerics: deq() is exact in bf16 (dequantize.py), the tensor cores multiply exactly and
 accumulate in fp32 in natural K order, alpha_g (``gemm_common.gemm_alpha``, one IEEE
-division) multiplies the fp32 accumulator and one integer RNE rounding gives bf16
+division) multiplies the fp32 accumulator and one RNE rounding gives bf16
 (``gemm_common.store_bf16``): out = bf16(acc * alpha_g). Both meet the fp64 bound of
 tests/test_kernels_gemm_bf16.py.
 

@@ -15,7 +15,7 @@ Why the bits match:
   columns of G in a launch of their own, as ``grouped_gemm_via_bf16`` does); the kernel runs
   grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
   tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
-  bf16(acc * alpha_g) with integer RNE (``gemm_common.gemm_out_bits``), widened from its bits.
+  bf16(acc * alpha_g) with RNE (``gemm_common.gemm_out_bits``), widened from its bits.
 * dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
   (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
   SwiGLU: G has F columns and dC 2F; program (tm, tn) reads C's gate and up columns
