@@ -41,11 +41,12 @@ SM90.get_current_stream = lambda self, device=None: 0  # noqa: F821  (warmup ask
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from nvfp4_inductor import activations  # noqa: E402
 from nvfp4_inductor.inspection import format_table  # noqa: E402
 from nvfp4_inductor.kernels import _registry, config  # noqa: E402
 from nvfp4_inductor.kernels.group_cast import _group_cast_kernel  # noqa: E402
 
-VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq])
+VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq[, activation of C]])
     "row+col": (True, True, True, False, False, False),  # activations (forward)
     "row sr": (True, False, False, False, True, False),  # gradients: an SR row + column cast
     "col sr": (False, True, True, False, True, False),  # is these two launches (config.cast_launches)
@@ -56,6 +57,9 @@ VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq
     "row+col, row deq": (True, True, True, False, False, False, True),
     "weights 2d, row deq": (True, True, False, True, False, True, True),
     "row deq": (True, False, False, False, False, False, True),
+    # the backward's recompute: D made from C (and probs) inside its column-wise cast
+    "col, D from C srelu": (False, True, True, False, False, False, False, "srelu"),
+    "col, D from C swiglu": (False, True, True, False, False, False, False, "swiglu"),
 }
 HEADERS = ["variant", "groups", "k_blocks", "token_unroll", "SASS", "in loop", "per element", "registers",
            "spill bytes", "compile s"]
@@ -73,22 +77,26 @@ def row_only(variant: str) -> bool:
 
 def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048, token_unroll: int | None = None):
     """(cubin bytes, config) of one cast variant for sm_90a."""
-    rowwise, columnwise, rht, block_2d, sr, stacked, row_deq = (*VARIANTS[variant], False)[:7]
+    rowwise, columnwise, rht, block_2d, sr, stacked, row_deq, activation = (*VARIANTS[variant], False, None)[:8]
+    act = -1 if activation is None else activations.get_activation(activation).triton_code
+    gated = activation is not None and activations.get_activation(activation).gated
     cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise,
-                             stacked=stacked)
+                             stacked=stacked, row_deq=row_deq)
     if k_blocks is not None:
         cfg = dataclasses.replace(cfg, k_blocks=k_blocks)
     if token_unroll is not None:
         cfg = dataclasses.replace(cfg, token_unroll=token_unroll)
-    x = torch.empty(4096, k, dtype=torch.bfloat16)
+    x = torch.empty(4096, 2 * k if gated else k, dtype=torch.bfloat16)
     u8, f32, i64 = torch.empty(16, dtype=torch.uint8), torch.empty(groups), torch.empty(groups + 1, dtype=torch.int64)
+    probs = torch.empty(4096)
     compiled = _group_cast_kernel.warmup(
-        x, i64, i64, f32, f32, i64, u8, u8, u8, u8, f32, f32, k, groups, 4096, 4096, 0,
+        x, probs, i64, i64, f32, f32, i64, u8, u8, u8, u8, f32, f32, k, groups, 4096, 4096, 0, 1.0,
         ROWWISE=rowwise, COLUMNWISE=columnwise, RHT=rht, SIGN_MASK=0xD7E8, BLOCK_2D=block_2d, SR=sr,
         STACKED=stacked, EVEN_K=True, SHARED_CODES=block_2d and rowwise and columnwise and not sr,  # one amax
         ROW_DEQ=row_deq,
         BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
-        BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, TOKEN_UNROLL=cfg.token_unroll, grid=(1,), **cfg.launch_options())
+        BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act >= 0,
+        ACT=max(act, 0), HAS_PROBS=act >= 0, GPU=True, grid=(1,), **cfg.launch_options())
     return compiled.asm["cubin"], cfg
 
 

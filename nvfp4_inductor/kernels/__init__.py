@@ -1,6 +1,7 @@
 """Triton kernels for NVFP4 quantization (numerics.md 1-4), bit-exact twins of numerics.py.
 
-    quantize, group_quantize, quantize_weights, group_hadamard_amax   (see api.py)
+    quantize, group_quantize, quantize_weights, group_hadamard_amax,
+    activation_group_quantize                                          (see api.py)
     available(device) -> bool
     set_launch_allocator(): Triton's allocator for the calling thread (TMA descriptors)
     TRACEABLE: whether torch.compile can trace the launches (``wrap_triton``): not for
@@ -28,17 +29,18 @@ if triton is None:
     def _missing(*args, **kwargs):
         raise NotImplementedError(_MISSING)
 
-    quantize = group_quantize = quantize_weights = group_hadamard_amax = _missing
+    quantize = group_quantize = quantize_weights = group_hadamard_amax = activation_group_quantize = _missing
     TRACEABLE = False
 
     def set_launch_allocator() -> None:  # no kernel to launch
         pass
 else:
     from ._registry import INTERPRET
-    from .api import available, group_hadamard_amax, group_quantize, quantize, quantize_weights
+    from .api import (activation_group_quantize, available, group_hadamard_amax, group_quantize, quantize,
+                      quantize_weights)
     from .grouped_gemm_bf16 import set_launch_allocator
 
     TRACEABLE = not INTERPRET
 
-__all__ = ["TRACEABLE", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights",
+__all__ = ["TRACEABLE", "activation_group_quantize", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights",
            "set_launch_allocator"]

@@ -5,6 +5,8 @@ with the same arguments and return types, bit for bit the same results.
     group_quantize(x, group_sizes, ...)  <-> numerics.group_quantize_torch      NVFP4GroupedTensor
     quantize_weights(w, block_2d=True)   <-> numerics.quantize_weights_torch    NVFP4WeightStack
     group_hadamard_amax(x, sizes, mask)  <-> numerics.group_hadamard_amax_torch (pre, post)
+    activation_group_quantize(c, probs, activation, scale, group_sizes, ...)
+                                         <-> group_quantize(activation_forward(c, ...), ...)
 
 Each call is one ``nvfp4_kernels::group_amax`` launch (only for amaxes not supplied) and
 one ``nvfp4_kernels::group_cast`` op (one launch; two for a row + column cast that is
@@ -31,6 +33,7 @@ from ..constants import RHT_DEFAULT_SIGN_MASK
 from ..numerics import Seed, columnwise_capacity, draw_seed
 from ..tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 from ._registry import INTERPRET
+from .activation import _act_code, _check, _clamp, is_gated
 from .group_amax import group_amax
 from .group_cast import group_cast
 
@@ -168,6 +171,65 @@ def group_quantize(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
         rowwise_deq,
+    )
+    return NVFP4GroupedTensor(
+        row_data if rowwise else None,
+        row_scale.view(_E4M3) if rowwise else None,
+        row_amax if rowwise else None,
+        col_data if columnwise else None,
+        col_scale.view(_E4M3) if columnwise else None,
+        col_amax if columnwise else None,
+        pad_off,
+        group_sizes.to(torch.int64),
+    )
+
+
+def activation_group_quantize(
+    c: torch.Tensor,
+    probs: Optional[torch.Tensor],
+    activation: str,
+    tanh_clamp_scale: Optional[float],
+    group_sizes: torch.Tensor,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    rht: bool = False,
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
+    stochastic_rounding: bool = False,
+    rowwise_amax: Optional[torch.Tensor] = None,
+    columnwise_amax: Optional[torch.Tensor] = None,
+    seed: Optional[Seed] = None,
+    rowwise_deq: bool = False,
+) -> NVFP4GroupedTensor:
+    """``group_quantize(activation_forward(c, probs, activation, tanh_clamp_scale), group_sizes,
+    ...)`` in one launch per copy, bit for bit: the cast computes D = bf16(f(C) * p) from C's
+    rows as it loads them, so D (T x F bf16) is never written or read. For the backward's
+    recompute of the fc2 input, whose amaxes the forward saved: every copy's amax must be
+    supplied (an amax pass would need D itself). C: bf16 (T, F), (T, 2F) for a gated
+    activation; F % 16 == 0."""
+    _check(c, activation, "activation_group_quantize")
+    act = _act_code(activation)
+    d_width = c.shape[1] // 2 if is_gated(act) else c.shape[1]
+    _check_input(c, "activation_group_quantize")
+    if d_width % 16:
+        raise ValueError(f"activation_group_quantize: D's width must be a multiple of 16, got {d_width} "
+                         f"(C {tuple(c.shape)}, {activation})")
+    if (rowwise and rowwise_amax is None) or (columnwise and columnwise_amax is None):
+        raise ValueError("activation_group_quantize: supply the amax of every copy asked for (D is never "
+                         "materialized, so there is no amax pass over it)")
+    if probs is not None and probs.shape != (c.shape[0],):
+        raise ValueError(f"activation_group_quantize: probs must be ({c.shape[0]},), got {tuple(probs.shape)}")
+    tokens = c.shape[0]
+    capacity = columnwise_capacity(tokens, group_sizes.shape[0])
+    row_amax, col_amax = _amaxes(
+        c, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
+    )
+    row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
+        c, group_sizes, row_amax, col_amax,
+        _seed_tensor(stochastic_rounding, seed, c.device, capacity * d_width // 16),
+        rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
+        rowwise_deq, probs.contiguous() if probs is not None else None, act,
+        _clamp(activation, tanh_clamp_scale),
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,

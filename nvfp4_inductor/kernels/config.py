@@ -117,9 +117,10 @@ def override(**configs):
 
 
 def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: bool = True,
-                columnwise: bool = True, stacked: bool = False) -> CastConfig:
-    """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`) of a token
-    tensor, or of an expert weight stack (`stacked`: 2D blocks, both copies in one launch).
+                columnwise: bool = True, stacked: bool = False, row_deq: bool = False) -> CastConfig:
+    """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`; `row_deq`: the
+    row-wise one as deq() values) of a token tensor, or of an expert weight stack
+    (`stacked`: 2D blocks, both copies in one launch).
 
     8 elements per thread per token row (R * BK / (32 * warps)): every 1x16 row block
     spans 2 threads, so the per-block scale chain (two IEEE divisions) is computed by 2
@@ -162,7 +163,10 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     cast_tiles.py --tiles, every candidate's bits equal): 16x512 w2 k2 S1 x 134 -> 106 us,
     S4 x 279 -> 241; 32x128 w1 k4 at S4 h 153 -> 142 (4 tokens a step: 134 / 281 / 145).
     52 registers instead of 118 (sm_90a SASS): more warps resident hide the load latency
-    better than unrolling does, and the kernel compiles in a tenth of the time."""
+    better than unrolling does, and the kernel compiles in a tenth of the time.
+    RNE row-only (run H2, 16x256 w1 k2, one token a step against unrolled): with deq() stores
+    (x, D in the forward) S1 x 120 -> 106 us, S4 x 249 -> 210, S4 h 100 -> 88; packed (the
+    recompute-off D) 230 -> 240 and 96 -> 99 at S4: only the deq() casts take the loop."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -176,7 +180,7 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
             return CastConfig(block_m=16, block_k=512, num_warps=2, k_blocks=2, token_unroll=1)
         if sr:
             return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4, token_unroll=1)
-        return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2)
+        return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2, token_unroll=1 if row_deq else 16)
     if sr:
         return CastConfig(block_m=32, block_k=64, num_warps=1, k_blocks=8)
     return CastConfig(block_m=32, block_k=128, num_warps=2, k_blocks=4)

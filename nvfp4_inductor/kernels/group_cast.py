@@ -38,6 +38,11 @@ stack): a 16x16 tile has one scale for both copies, so an element's column-wise 
 row-wise code; the column-wise words collect the row-wise codes instead of encoding again
 (sm_90a SASS per element 37.1 -> 23.6, benchmarks/cast_sass.py).
 
+Activation prologue (ACT_IN, used by ``api.activation_group_quantize``): the input is C and
+each token tile is made as it is loaded, D = bf16(f(C) * p) with the activation kernel's
+operations (``_load_input``), so the backward's recompute of the fc2 input casts D without
+writing or reading it.
+
 Launches and tiles: ``config.cast_launches`` (an SR row + column cast, or one writing its
 row-wise copy as deq() values, is a row-wise launch and a column-wise one) and
 ``config.cast_config`` (no tile choice changes a bit). A program casts K_BLOCKS column
@@ -59,6 +64,7 @@ import triton.language as tl
 
 from ..constants import BLOCK
 from ._nvfp4 import (
+    bf16_round,
     block_scale,
     columns,
     e2m1_rne,
@@ -73,9 +79,11 @@ from ._nvfp4 import (
     random_bytes_along_last,
     rht16,
     stacked_runs,
+    to_float32,
     token_rows,
 )
-from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
+from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2, stacked_groups
+from .activation import _SWIGLU, act_fwd_math, is_gated
 from .config import cast_config, cast_launches
 
 
@@ -83,6 +91,30 @@ from .config import cast_config, cast_launches
 def _row_block_amax(x, R: tl.constexpr, BK: tl.constexpr):
     """(R, BK) -> (R, BK/16) max |x| of each 1x16 block."""
     return tl.max(tl.reshape(tl.abs(x), (R, BK // 16, 16)), axis=2)
+
+
+@triton.jit
+def _load_input(x_ptr, p_ptr, src, ok, K, ks, k_ok, clamp, ACT_IN: tl.constexpr, ACT: tl.constexpr,
+                HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
+    """Rows `src` of the cast's input at columns ks as fp32 (R, BK); rows not `ok` read as zeros.
+    With ACT_IN the input is D = bf16(f(C) * p), made here from C's rows (K columns, 2K for
+    a gated activation) by the activation kernel's operations (``activation.act_fwd_math``,
+    the probability product, one RNE rounding): D's values, never stored. A zero row of C
+    gives +0.0, as a masked load does."""
+    if not ACT_IN:
+        return load_rows(x_ptr, src, ok, K, ks, k_ok)
+    if ACT == _SWIGLU:
+        mask = ok[:, None] & k_ok[None, :]
+        gate_ptrs = x_ptr + src[:, None] * (2 * K) + ks[None, :]
+        gate = to_float32(tl.load(gate_ptrs, mask=mask, other=0.0))
+        up = to_float32(tl.load(gate_ptrs + K, mask=mask, other=0.0))
+        f = act_fwd_math(gate, up, clamp, ACT, GPU)
+    else:
+        c = load_rows(x_ptr, src, ok, K, ks, k_ok)
+        f = act_fwd_math(c, c, clamp, ACT, GPU)
+    if HAS_PROBS:
+        f = f * to_float32(tl.load(p_ptr + src, mask=ok, other=0.0))[:, None]
+    return bf16_round(f)
 
 
 @triton.jit
@@ -142,15 +174,16 @@ def _store_rowwise_2d(x, code_s, enc, word, src, ok, k0, K, row_data_ptr, row_sc
 
 
 @triton.jit
-def _cast_row_tokens(x_ptr, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
+def _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
                      row_data_ptr, row_scale_ptr, SR: tl.constexpr, EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr,
-                     R: tl.constexpr, BK: tl.constexpr, N: tl.constexpr):
+                     R: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, ACT_IN: tl.constexpr, ACT: tl.constexpr,
+                     HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
     """Row-wise only: tokens local0 .. local0 + N - 1 of each run, each loaded, cast and
     stored in turn (unrolled: the compiler overlaps a token's load with the previous
     token's work)."""
     for j in tl.static_range(N):
         srcj, okj = token_rows(start, local0, size, in_group, j)
-        xj = load_rows(x_ptr, srcj, okj, K, ks, k_ok)
+        xj = _load_input(x_ptr, p_ptr, srcj, okj, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
         _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
                        row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
 
@@ -180,12 +213,13 @@ def _col_code(y, enc, w0, w1, w2, w3, j: tl.constexpr, SR: tl.constexpr):
 
 @triton.jit
 def _cast_block(
-    k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    k0, x_ptr, p_ptr, clamp, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     K, rows_total, cap, col_group_stride, g, in_group, rs, local0, size, start, seed,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-    TOKEN_UNROLL: tl.constexpr,
+    TOKEN_UNROLL: tl.constexpr, ACT_IN: tl.constexpr, ACT: tl.constexpr, HAS_PROBS: tl.constexpr,
+    GPU: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
     whose results address stores: torch's analysis of traced launches counts only the
@@ -199,45 +233,47 @@ def _cast_block(
         # row + column and spills in the 2D cast, sm_90 ptxas.)
         row_senc, row_sdec = global_scales(tl.load(row_amax_ptr + g, mask=in_group, other=0.0))
         if TOKEN_UNROLL == 16:  # straight-line code, not a loop of one step (see K_BLOCKS below)
-            _cast_row_tokens(x_ptr, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
-                             row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, 16)
+            _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec,
+                             seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, 16, ACT_IN, ACT,
+                             HAS_PROBS, GPU)
         else:
             for j0 in range(0, 16, TOKEN_UNROLL):
-                _cast_row_tokens(x_ptr, start, local0 + j0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec,
-                                 seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, TOKEN_UNROLL)
+                _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0 + j0, size, in_group, ks, k_ok, k0, K, row_senc,
+                                 row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, TOKEN_UNROLL,
+                                 ACT_IN, ACT, HAS_PROBS, GPU)
         return
     src0, ok0 = token_rows(start, local0, size, in_group, 0)
-    x0 = load_rows(x_ptr, src0, ok0, K, ks, k_ok)
+    x0 = _load_input(x_ptr, p_ptr, src0, ok0, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src1, ok1 = token_rows(start, local0, size, in_group, 1)
-    x1 = load_rows(x_ptr, src1, ok1, K, ks, k_ok)
+    x1 = _load_input(x_ptr, p_ptr, src1, ok1, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src2, ok2 = token_rows(start, local0, size, in_group, 2)
-    x2 = load_rows(x_ptr, src2, ok2, K, ks, k_ok)
+    x2 = _load_input(x_ptr, p_ptr, src2, ok2, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src3, ok3 = token_rows(start, local0, size, in_group, 3)
-    x3 = load_rows(x_ptr, src3, ok3, K, ks, k_ok)
+    x3 = _load_input(x_ptr, p_ptr, src3, ok3, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src4, ok4 = token_rows(start, local0, size, in_group, 4)
-    x4 = load_rows(x_ptr, src4, ok4, K, ks, k_ok)
+    x4 = _load_input(x_ptr, p_ptr, src4, ok4, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src5, ok5 = token_rows(start, local0, size, in_group, 5)
-    x5 = load_rows(x_ptr, src5, ok5, K, ks, k_ok)
+    x5 = _load_input(x_ptr, p_ptr, src5, ok5, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src6, ok6 = token_rows(start, local0, size, in_group, 6)
-    x6 = load_rows(x_ptr, src6, ok6, K, ks, k_ok)
+    x6 = _load_input(x_ptr, p_ptr, src6, ok6, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src7, ok7 = token_rows(start, local0, size, in_group, 7)
-    x7 = load_rows(x_ptr, src7, ok7, K, ks, k_ok)
+    x7 = _load_input(x_ptr, p_ptr, src7, ok7, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src8, ok8 = token_rows(start, local0, size, in_group, 8)
-    x8 = load_rows(x_ptr, src8, ok8, K, ks, k_ok)
+    x8 = _load_input(x_ptr, p_ptr, src8, ok8, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src9, ok9 = token_rows(start, local0, size, in_group, 9)
-    x9 = load_rows(x_ptr, src9, ok9, K, ks, k_ok)
+    x9 = _load_input(x_ptr, p_ptr, src9, ok9, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src10, ok10 = token_rows(start, local0, size, in_group, 10)
-    x10 = load_rows(x_ptr, src10, ok10, K, ks, k_ok)
+    x10 = _load_input(x_ptr, p_ptr, src10, ok10, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src11, ok11 = token_rows(start, local0, size, in_group, 11)
-    x11 = load_rows(x_ptr, src11, ok11, K, ks, k_ok)
+    x11 = _load_input(x_ptr, p_ptr, src11, ok11, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src12, ok12 = token_rows(start, local0, size, in_group, 12)
-    x12 = load_rows(x_ptr, src12, ok12, K, ks, k_ok)
+    x12 = _load_input(x_ptr, p_ptr, src12, ok12, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src13, ok13 = token_rows(start, local0, size, in_group, 13)
-    x13 = load_rows(x_ptr, src13, ok13, K, ks, k_ok)
+    x13 = _load_input(x_ptr, p_ptr, src13, ok13, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src14, ok14 = token_rows(start, local0, size, in_group, 14)
-    x14 = load_rows(x_ptr, src14, ok14, K, ks, k_ok)
+    x14 = _load_input(x_ptr, p_ptr, src14, ok14, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
     src15, ok15 = token_rows(start, local0, size, in_group, 15)
-    x15 = load_rows(x_ptr, src15, ok15, K, ks, k_ok)
+    x15 = _load_input(x_ptr, p_ptr, src15, ok15, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
 
     if BLOCK_2D or ROWWISE:
         bam0 = _row_block_amax(x0, R, BK)
@@ -402,13 +438,14 @@ def _cast_block(
 
 @triton.jit
 def _group_cast_kernel(
-    x_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
+    x_ptr, p_ptr, sizes_ptr, pad_off_ptr, row_amax_ptr, col_amax_ptr, seed_ptr,
     row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr, row_amax_out_ptr, col_amax_out_ptr,
-    K, G, rows_total, cap, col_group_stride,
+    K, G, rows_total, cap, col_group_stride, clamp,
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr, TOKEN_UNROLL: tl.constexpr,
+    ACT_IN: tl.constexpr, ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -437,17 +474,17 @@ def _group_cast_kernel(
     # and the per-program setup are paid once for all of them. (One block is not a loop of
     # one: ptxas allocates the loop's body worse, 192 -> 432 bytes of spills in the SR cast.)
     if K_BLOCKS == 1:
-        _cast_block(tl.program_id(1) * BK, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
-                    col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                    size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK,
-                    TOKEN_UNROLL)
+        _cast_block(tl.program_id(1) * BK, x_ptr, p_ptr, clamp, row_amax_ptr, col_amax_ptr, row_data_ptr,
+                    row_scale_ptr, col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs,
+                    local0, size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K,
+                    SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, HAS_PROBS, GPU)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
-            _cast_block(k0, x_ptr, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
+            _cast_block(k0, x_ptr, p_ptr, clamp, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
-                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K, SHARED_CODES, ROW_DEQ, R, BK,
-                        TOKEN_UNROLL)
+                        size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K,
+                        SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, HAS_PROBS, GPU)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -466,6 +503,9 @@ def group_cast(
     capacity: int,
     stacked: bool,
     row_deq: bool = False,
+    probs: Optional[torch.Tensor] = None,
+    act: int = -1,
+    clamp: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cast x (T, K) of G groups with supplied per-group amaxes (fp32 (G,), contiguous;
     they may be one tensor, or alias anything: they are only read).
@@ -480,9 +520,16 @@ def group_cast(
     holding the amaxes given)); a copy not asked for is an empty (0,) tensor.
     row_deq: the row-wise copy as its deq() values, row data (T, K) bf16 (what
     ``dequantize_bf16`` makes of the packed copy, bit for bit), row scales empty.
+    act >= 0 (an activation's triton_code): x is C, and the cast's input is D = bf16(f(C) * p)
+    (probs p (T,) or None; clamp: tanh-SReLU's scale), computed as it is loaded, bit for bit
+    ``activation.activation_forward``'s D: (T, K) from C (T, K), or (T, 2K) for a gated
+    activation. Amaxes must be supplied (D's, from the forward).
     """
     x = x.contiguous()
+    act_in = act >= 0
     tokens, k = x.shape
+    if act_in and is_gated(act):
+        k //= 2
     groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pad_off = x.new_empty(groups + 1, dtype=torch.int64)
     def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
@@ -510,22 +557,23 @@ def group_cast(
         # to the same binary with or without them (one kernel, not two, to compile)
         col_rht = rht and col
         cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col,
-                          stacked=stacked)
+                          stacked=stacked, row_deq=row_deq and row)
         launch(
             _group_cast_kernel,
             (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
-            x_ptr=x, sizes_ptr=sizes, pad_off_ptr=pad_off,
+            x_ptr=x, p_ptr=probs if probs is not None else x, sizes_ptr=sizes, pad_off_ptr=pad_off,
             row_amax_ptr=row_amax if row else x, col_amax_ptr=col_amax if col else x,
             seed_ptr=seed if stochastic_rounding else x,
             row_data_ptr=row_data if row else x, row_scale_ptr=row_scale if row else x,
             col_data_ptr=col_data if col else x, col_scale_ptr=col_scale if col else x,
             row_amax_out_ptr=row_amax_out if row else x, col_amax_out_ptr=col_amax_out if col else x,
             K=k, G=groups, rows_total=rows_total, cap=capacity,
-            col_group_stride=k * capacity // BLOCK,
+            col_group_stride=k * capacity // BLOCK, clamp=clamp,
             ROWWISE=row, COLUMNWISE=col, RHT=col_rht, SIGN_MASK=sign_mask if col_rht else 0, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks,
-            TOKEN_UNROLL=cfg.token_unroll, **cfg.launch_options(),
+            TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act_in, ACT=act if act_in else 0, HAS_PROBS=act_in and probs is not None,
+            GPU=not INTERPRET, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

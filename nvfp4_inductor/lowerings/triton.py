@@ -38,6 +38,25 @@ def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regen
         return activations.activation_backward(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
     return _act_bwd_kernel(g, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
 
+
+# Activations whose D the cast makes from C as it loads it (``kernels.activation_group_quantize``).
+# SReLU's math adds ~6 SASS instructions an element to the column-wise cast (sm_90a, local
+# Triton 3.9, 128 groups: 30.0 -> 36.6, 196 registers, no spills: benchmarks/cast_sass.py),
+# and saves the activation kernel's pass (C read, D written, D read again by the cast).
+# tanh-SReLU and SwiGLU would multiply the cast's instructions by 2.4 and 2.3 (SwiGLU with
+# 304 bytes of spills) in a kernel already bound by its instruction issue and latency, so
+# they stay two launches (activation kernel, then cast) until the H200 says otherwise.
+_D_MADE_IN_CAST = frozenset({"srelu"})
+
+
+def activation_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, **options):
+    """D = activation_forward(C) cast by group_quantize: one launch where the activation is
+    in ``_D_MADE_IN_CAST`` (D never stored), else the two steps."""
+    if activation in _D_MADE_IN_CAST and not _reference_activation(c, activation):
+        return kernels.activation_group_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, **options)
+    return kernels.group_quantize(activation_forward(c, probs, activation, tanh_clamp_scale), group_sizes, **options)
+
+
 STEPS = Steps(
     quantize=kernels.quantize,
     group_quantize=kernels.group_quantize,
@@ -55,6 +74,7 @@ STEPS = Steps(
     activation_backward=activation_backward,
     fc1_act_amax=grouped_gemm_act,
     fc2_dgrad_act=grouped_gemm_dact,
+    activation_quantize=activation_quantize,  # the recompute's D, made inside its cast (SReLU)
     deq_operands=True,  # the casts write the forward GEMMs' operands as deq() (group_cast's ROW_DEQ)
     d_after_dgrad=True,  # D rebuilt after the dgrad, whose bf16 operand copies are gone by then
 )
