@@ -210,6 +210,30 @@ def test_recompute_rebuilds_d_where_the_steps_say(d_after_dgrad):
     assert counts["activation_forward"] == (1 if d_after_dgrad else 0)
 
 
+def test_recompute_makes_d_inside_its_cast_where_the_target_can():
+    """``Steps.activation_quantize`` (the Triton target's, which makes SReLU's D inside its
+    column-wise cast): the recompute's D and its cast are that one step, not the activation
+    step and a cast; explain names it, and the bits are the eager chain's."""
+    counts = collections.Counter()
+
+    def activation_quantize(c, probs, activation, clamp, group_sizes, **options):
+        d = REFERENCE_STEPS.activation_forward(c, probs, activation, clamp)
+        return REFERENCE_STEPS.group_quantize(d, group_sizes, **options)
+
+    with lowerings.registered(counting_target("counting", counts, MASKLESS, activation_quantize=activation_quantize)):
+        mlp, args = _model("srelu")
+        [s] = nv.explain(mlp, *args, recompute=True).sites
+        backward = [text for text, _ in s.backward_steps]
+        assert any("D inside the cast" in t for t in backward)
+        assert "activation(C) * p -> D, rebuilt after the dgrad" not in backward
+        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+        counts.clear()
+        compiled = torch.compile(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))
+        compiled(*args).sum().backward()
+    assert counts["activation_quantize"] == 1 and counts["activation_forward"] == 0
+
+
 @pytest.mark.parametrize("sign_mask", [0xD7E8, 0], ids=["te_mask", "mask0"])
 def test_the_eager_chain_runs_the_plans_fused_steps(sign_mask):
     """Eager means the plan: the chain calls the fused steps where the plan fuses them (with

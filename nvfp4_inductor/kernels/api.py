@@ -162,15 +162,23 @@ def group_quantize(
     (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
     _check_input(x, "group_quantize")
     del block_2d
+    return _cast_groups(x, x.shape[1], group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
+                        rowwise_amax, columnwise_amax, seed, rowwise_deq)
+
+
+def _cast_groups(x, k, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax,
+                 columnwise_amax, seed, rowwise_deq, probs=None, act=-1, clamp=1.0) -> NVFP4GroupedTensor:
+    """``group_quantize`` of x (T, K), or with ``act`` >= 0 of D made from C = x by the cast
+    (``group_cast``'s activation arguments; K is D's width)."""
     tokens = x.shape[0]
     capacity = columnwise_capacity(tokens, group_sizes.shape[0])  # >= tokens: it bounds the SR blocks
     row_amax, col_amax = _amaxes(
         x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
     )
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
-        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * x.shape[1] // 16),
+        x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * k // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
-        rowwise_deq,
+        rowwise_deq, probs, act, clamp,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
@@ -219,28 +227,9 @@ def activation_group_quantize(
                          "materialized, so there is no amax pass over it)")
     if probs is not None and probs.shape != (c.shape[0],):
         raise ValueError(f"activation_group_quantize: probs must be ({c.shape[0]},), got {tuple(probs.shape)}")
-    tokens = c.shape[0]
-    capacity = columnwise_capacity(tokens, group_sizes.shape[0])
-    row_amax, col_amax = _amaxes(
-        c, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
-    )
-    row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
-        c, group_sizes, row_amax, col_amax,
-        _seed_tensor(stochastic_rounding, seed, c.device, capacity * d_width // 16),
-        rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
-        rowwise_deq, probs.contiguous() if probs is not None else None, act,
-        _clamp(activation, tanh_clamp_scale),
-    )
-    return NVFP4GroupedTensor(
-        row_data if rowwise else None,
-        row_scale.view(_E4M3) if rowwise else None,
-        row_amax if rowwise else None,
-        col_data if columnwise else None,
-        col_scale.view(_E4M3) if columnwise else None,
-        col_amax if columnwise else None,
-        pad_off,
-        group_sizes.to(torch.int64),
-    )
+    return _cast_groups(c, d_width, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
+                        rowwise_amax, columnwise_amax, seed, rowwise_deq,
+                        probs.contiguous() if probs is not None else None, act, _clamp(activation, tanh_clamp_scale))
 
 
 def quantize_weights(w: torch.Tensor, *, block_2d: bool = True, rowwise_deq: bool = False) -> NVFP4WeightStack:
