@@ -42,5 +42,5 @@ else:
 
     TRACEABLE = not INTERPRET
 
-__all__ = ["TRACEABLE", "activation_group_quantize", "available", "group_hadamard_amax", "group_quantize", "quantize", "quantize_weights",
-           "set_launch_allocator"]
+__all__ = ["TRACEABLE", "activation_group_quantize", "available", "group_hadamard_amax", "group_quantize", "quantize",
+           "quantize_weights", "set_launch_allocator"]

@@ -133,24 +133,36 @@ def act_fwd_math(x, u, clamp, ACT: tl.constexpr, GPU: tl.constexpr):
 
 
 @triton.jit
+def act_fwd_rows(c_ptr, p_ptr, rows, row_ok, cols, col_ok, F, clamp,
+                 ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
+    """f(C) * p of C's `rows` (int64) at `cols` in fp32, D before its bf16 rounding; masked
+    elements are those of zero rows and columns (+0.0 for every built-in activation). The
+    one copy of D's loads and math: the activation kernel calls it, and so does the cast
+    that makes D as it loads it (group_cast's ACT_IN), which is why their D's are the same."""
+    mask = row_ok[:, None] & col_ok[None, :]
+    if ACT == _SWIGLU:
+        gate_ptrs = c_ptr + rows[:, None] * (2 * F) + cols[None, :]
+        a = to_float32(tl.load(gate_ptrs, mask=mask, other=0.0))
+        u = to_float32(tl.load(gate_ptrs + F, mask=mask, other=0.0))
+        f = act_fwd_math(a, u, clamp, ACT, GPU)
+    else:
+        c = to_float32(tl.load(c_ptr + rows[:, None] * F + cols[None, :], mask=mask, other=0.0))
+        f = act_fwd_math(c, c, clamp, ACT, GPU)
+    if HAS_PROBS:
+        f = f * to_float32(tl.load(p_ptr + rows, mask=row_ok, other=0.0))[:, None]
+    return f
+
+
+@triton.jit
 def _act_fwd_kernel(
     c_ptr, p_ptr, d_ptr, T, F, clamp,
     ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr,
 ):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BF + tl.arange(0, BF)
-    mask = (rows < T)[:, None] & (cols < F)[None, :]
     rows64 = rows.to(tl.int64)
-    if ACT == _SWIGLU:
-        a = to_float32(tl.load(c_ptr + rows64[:, None] * (2 * F) + cols[None, :], mask=mask, other=0.0))
-        u = to_float32(tl.load(c_ptr + rows64[:, None] * (2 * F) + F + cols[None, :], mask=mask, other=0.0))
-        f = act_fwd_math(a, u, clamp, ACT, GPU)
-    else:
-        c = to_float32(tl.load(c_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
-        f = act_fwd_math(c, c, clamp, ACT, GPU)
-    if HAS_PROBS:
-        f = f * to_float32(tl.load(p_ptr + rows, mask=rows < T, other=0.0))[:, None]
-    _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, mask)
+    f = act_fwd_rows(c_ptr, p_ptr, rows64, rows < T, cols, cols < F, F, clamp, ACT, HAS_PROBS, GPU)
+    _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, (rows < T)[:, None] & (cols < F)[None, :])
 
 
 @triton.jit

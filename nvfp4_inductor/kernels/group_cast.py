@@ -79,11 +79,10 @@ from ._nvfp4 import (
     random_bytes_along_last,
     rht16,
     stacked_runs,
-    to_float32,
     token_rows,
 )
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2, stacked_groups
-from .activation import _SWIGLU, act_fwd_math, is_gated
+from .activation import act_fwd_rows, is_gated
 from .config import cast_config, cast_launches
 
 
@@ -98,23 +97,11 @@ def _load_input(x_ptr, p_ptr, src, ok, K, ks, k_ok, clamp, ACT_IN: tl.constexpr,
                 HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
     """Rows `src` of the cast's input at columns ks as fp32 (R, BK); rows not `ok` read as zeros.
     With ACT_IN the input is D = bf16(f(C) * p), made here from C's rows (K columns, 2K for
-    a gated activation) by the activation kernel's operations (``activation.act_fwd_math``,
-    the probability product, one RNE rounding): D's values, never stored. A zero row of C
-    gives +0.0, as a masked load does."""
+    a gated activation) by the activation kernel's own loads and math
+    (``activation.act_fwd_rows``) and its one RNE rounding: D's values, never stored."""
     if not ACT_IN:
         return load_rows(x_ptr, src, ok, K, ks, k_ok)
-    if ACT == _SWIGLU:
-        mask = ok[:, None] & k_ok[None, :]
-        gate_ptrs = x_ptr + src[:, None] * (2 * K) + ks[None, :]
-        gate = to_float32(tl.load(gate_ptrs, mask=mask, other=0.0))
-        up = to_float32(tl.load(gate_ptrs + K, mask=mask, other=0.0))
-        f = act_fwd_math(gate, up, clamp, ACT, GPU)
-    else:
-        c = load_rows(x_ptr, src, ok, K, ks, k_ok)
-        f = act_fwd_math(c, c, clamp, ACT, GPU)
-    if HAS_PROBS:
-        f = f * to_float32(tl.load(p_ptr + src, mask=ok, other=0.0))[:, None]
-    return bf16_round(f)
+    return bf16_round(act_fwd_rows(x_ptr, p_ptr, src, ok, ks, k_ok, K, clamp, ACT, HAS_PROBS, GPU))
 
 
 @triton.jit

@@ -28,7 +28,8 @@ class Steps:
       activation_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, **group_quantize's
                           keywords, every amax asked for supplied)
           -> NVFP4GroupedTensor                    activation_forward -> group_quantize
-                                                   (D made inside the cast, never stored)
+                                                   (D made inside the cast where the target
+                                                   can, never stored)
     """
 
     quantize: Callable  # numerics.quantize_torch
@@ -41,7 +42,7 @@ class Steps:
     activation_backward: Callable  # activations.activation_backward
     fc1_act_amax: Optional[Callable] = None  # fused fc1 + activation + D's amaxes
     fc2_dgrad_act: Optional[Callable] = None  # fused fc2 dgrad + activation backward
-    activation_quantize: Optional[Callable] = None  # D = activation(C) cast as it is made
+    activation_quantize: Optional[Callable] = None  # D = activation(C), cast as it is made where it can be
     # The quantize steps take ``rowwise_deq=True`` (group_quantize, quantize_weights): the
     # row-wise copy comes back as its deq() values, data bf16 at full width and an empty
     # scale, which the fprop/dgrad-shaped GEMM steps take as that operand
