@@ -682,3 +682,48 @@ def test_zero_size_stand_ins_are_made_in_the_backward_not_saved(ours):
     assert len(made) == (1 if ours else 0)
     assert UserPass.ran == 1
     assert torch.equal(x.grad, w.detach().expand(4, 8)) and torch.equal(w.grad, x.detach().sum(0))
+
+
+def test_cpp_wrapper_gives_way_to_the_python_wrapper_where_launches_are_traced(use_steps):
+    """Inductor's C++ wrapper gives a traced launch one program's Triton global scratch
+    (run I3 on the H200: an illegal memory access in our TMA GEMMs). A user who set it gets
+    the Python wrapper for the graphs whose sites are traced as launches, with a warning
+    saying why; graphs without such sites, and trace_launches=False, keep the user's
+    setting. The rewritten graph is Dynamo's, with a site on a target that inlines."""
+    import copy
+    import warnings
+
+    from torch._inductor import config
+
+    from nvfp4_inductor import lowerings
+    from nvfp4_inductor.compiler.backend import CPP_WRAPPER_REFUSED, inductor_patches, rewrite_graph, traces_launches
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    mlp = nv.GroupedMLP(2, 32, 16, "srelu")
+    x, sizes = torch.randn(32, 32, dtype=torch.bfloat16), torch.tensor([20, 12])
+    torch._dynamo.reset()
+    torch.compile(mlp, backend=keep)(x, sizes)
+    plain, inlined = graphs[0], copy.deepcopy(graphs[0])
+    rewrite_graph(plain, BackendOptions())  # the reference target on the CPU: one opaque call
+    use_steps(lowerings.get_target("reference").steps(), inline=True)
+    rewrite_graph(inlined, BackendOptions())
+    assert not traces_launches(plain, BackendOptions())
+    assert traces_launches(inlined, BackendOptions())
+    assert not traces_launches(inlined, BackendOptions(trace_launches=False))
+
+    with config.patch(cpp_wrapper=True):
+        with pytest.warns(UserWarning, match="cpp_wrapper is set") as caught:
+            patches = inductor_patches(None, BackendOptions(), traced=True)
+        assert patches["cpp_wrapper"] is False and str(caught[0].message) == CPP_WRAPPER_REFUSED
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert "cpp_wrapper" not in inductor_patches(None, BackendOptions(), traced=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "cpp_wrapper" not in inductor_patches(None, BackendOptions(), traced=True)

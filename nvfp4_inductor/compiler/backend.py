@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Optional
 
 import torch
@@ -23,7 +24,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import kernels
-from ..lowerings import Plan, SiteSpec, choose_plan
+from ..lowerings import Plan, SiteSpec, choose_plan, get_target
 from ..lowerings.inline import launches_traced
 from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
@@ -196,7 +197,26 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
         from torch._inductor.compile_fx import compile_fx
 
         return compile_fx(gm, example_inputs, inner_compile=_inner_compile,
-                          config_patches=inductor_patches(mode, options))
+                          config_patches=inductor_patches(mode, options, traced=traces_launches(gm, options)))
+
+
+def traces_launches(gm: torch.fx.GraphModule, options: BackendOptions) -> bool:
+    """Whether a rewritten graph's fused ops become kernel launches in Inductor's generated
+    code: ``trace_launches`` and a site whose plan's target inlines (lowerings/inline.py)."""
+    if not options.trace_launches:
+        return False
+    targets = {node.kwargs.get("target") for node in gm.graph.nodes
+               if node.op == "call_function" and node.target is fused_grouped_mlp}
+    return any(get_target(name).inline() for name in targets if name is not None)
+
+
+CPP_WRAPPER_REFUSED = (
+    "nvfp4 backend: torch._inductor.config.cpp_wrapper is set, but graphs whose grouped MLP runs "
+    "as traced Triton launches compile with Inductor's Python wrapper. Our grouped GEMMs build "
+    "their TMA descriptors on the GPU, in Triton's global scratch, and Inductor's C++ wrapper "
+    "allocates one program's scratch for the whole launch: every other program would write out "
+    "of bounds (an illegal memory access). Other graphs keep the C++ wrapper."
+)
 
 
 def _aot_eager(gm, example_inputs):
@@ -220,9 +240,12 @@ def _aot_eager(gm, example_inputs):
     return aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True)(gm, example_inputs)
 
 
-def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
+def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bool = False) -> dict:
     """Inductor's config for our graphs: torch.compile's ``mode`` as stock Inductor takes
-    it; this package's hash in Inductor's cache keys (``_PackageVersion``); zero-size
+    it; the Python wrapper where the graph's fused ops are `traced` as launches and the
+    user set Inductor's C++ wrapper (``CPP_WRAPPER_REFUSED`` says why; seen on the H200 with
+    torch 2.11, benchmarks/NOTES.md runs I2-I3, and 2.13's wrapper sizes the scratch the same
+    way); this package's hash in Inductor's cache keys (``_PackageVersion``); zero-size
     stand-in tensors made again in the backward, not saved
     (``_RecomputeEmptyPlaceholders``); and the site call marked cacheable. AOTAutograd's
     cache takes a graph only if it trusts every function the graph calls;
@@ -234,6 +257,9 @@ def inductor_patches(mode: Optional[str], options: BackendOptions) -> dict:
     from torch._inductor import config, list_mode_options
 
     patches = dict(list_mode_options(mode)) if mode else {}
+    if traced and config.cpp_wrapper:
+        warnings.warn(CPP_WRAPPER_REFUSED, stacklevel=2)
+        patches["cpp_wrapper"] = False
     patches["post_grad_custom_post_pass"] = _PackageVersion()
     patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
     patches["unsafe_marked_cacheable_functions"] = {
