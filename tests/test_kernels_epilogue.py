@@ -308,7 +308,6 @@ def test_fused_ops_use_the_epilogues_bitwise(use_steps):
     without them, byte for byte; both take D's amaxes from one amax pass over D."""
     import dataclasses
 
-    from nvfp4_inductor.lowerings import triton as triton_lowering
     from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
     calls = []
@@ -526,7 +525,6 @@ def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, acti
     bug that only the GPU had exercised)."""
     import nvfp4_inductor as nv
     from nvfp4_inductor import lowerings
-    from nvfp4_inductor.lowerings import triton as triton_lowering
     from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
     recipe = nv.Recipe(**recipe)
@@ -582,7 +580,6 @@ def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
     from torch._dynamo.utils import counters
 
     import nvfp4_inductor as nv
-    from nvfp4_inductor.lowerings import triton as triton_lowering
     from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
     counts = collections.Counter()
