@@ -77,7 +77,8 @@ def row_only(variant: str) -> bool:
 
 def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048, token_unroll: int | None = None):
     """(cubin bytes, config) of one cast variant for sm_90a."""
-    rowwise, columnwise, rht, block_2d, sr, stacked, row_deq, activation = (*VARIANTS[variant], False, None)[:8]
+    spec = VARIANTS[variant]  # 6 to 8 entries: row_deq and the activation default to False, None
+    rowwise, columnwise, rht, block_2d, sr, stacked, row_deq, activation = (*spec, *(False, None)[len(spec) - 6:])
     act = -1 if activation is None else activations.get_activation(activation).triton_code
     gated = activation is not None and activations.get_activation(activation).gated
     cfg = config.cast_config(1 << 16, k, rht=columnwise and rht, sr=sr, rowwise=rowwise, columnwise=columnwise,

@@ -133,9 +133,9 @@ def quantize(
     )
     out = NVFP4Tensor(None, None, None, None, None, None)
     if rowwise:
-        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale.view(_E4M3), row_amax.reshape(())
+        out.rowwise_data, out.rowwise_scale, out.rowwise_amax = row_data, row_scale, row_amax.reshape(())
     if columnwise:
-        out.columnwise_data, out.columnwise_scale = col_data, col_scale.view(_E4M3)
+        out.columnwise_data, out.columnwise_scale = col_data, col_scale
         out.columnwise_amax = col_amax.reshape(())
     return out
 
@@ -182,10 +182,10 @@ def _cast_groups(x, k, group_sizes, rowwise, columnwise, rht, sign_mask, stochas
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
-        row_scale.view(_E4M3) if rowwise else None,
+        row_scale if rowwise else None,
         row_amax if rowwise else None,
         col_data if columnwise else None,
-        col_scale.view(_E4M3) if columnwise else None,
+        col_scale if columnwise else None,
         col_amax if columnwise else None,
         pad_off,
         group_sizes.to(torch.int64),
@@ -256,9 +256,9 @@ def quantize_weights(w: torch.Tensor, *, block_2d: bool = True, rowwise_deq: boo
     )
     return NVFP4WeightStack(
         row_data.reshape(g, n, k) if rowwise_deq else row_data.reshape(g, n, k // 2),
-        row_scale.view(_E4M3) if rowwise_deq else row_scale.view(_E4M3).reshape(g, n, k // 16),
+        row_scale if rowwise_deq else row_scale.reshape(g, n, k // 16),
         col_data,
-        col_scale.view(_E4M3),
+        col_scale,
         amax,
     )
 

@@ -85,7 +85,9 @@ def _dequantize_rows(data_ptr, scale_ptr, out_ptr, R, C2, row_block, col_block, 
     r64 = rows.to(tl.int64)
     src = (rows // src_rpg).to(tl.int64) * src_stride + src_off + rows % src_rpg
     data = tl.load(data_ptr + src[:, None] * C2 + kh[None, :], mask=row_ok[:, None] & (kh < C2)[None, :], other=0)
-    s = tl.load(scale_ptr + src[:, None] * (C2 // 8) + kb[None, :],
+    # scales read as E4M3 code bytes (from an E4M3 tensor or its uint8 bits: a dtype view
+    # outside the kernel would be one more host op per operand in a compiled step)
+    s = tl.load(scale_ptr.to(tl.pointer_type(tl.uint8)) + src[:, None] * (C2 // 8) + kb[None, :],
                 mask=row_ok[:, None] & (kb < C2 // 8)[None, :], other=0)
     lo, hi = _deq_nibbles(data, _expand_scales(_scale_fp16(s), BR, 2 * BC))
     lo = (lo.to(tl.float32) * 16384.0).to(tl.bfloat16)  # exact: deq() * 2**-14 -> deq()
@@ -114,8 +116,8 @@ def _dequantize_kernel(a_data_ptr, a_scale_ptr, a_out_ptr, RA, b_data_ptr, b_sca
 def _dequantize_op(
     a_data: torch.Tensor, a_scale: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """data (R, C/2) uint8, scale (R, C/16) uint8 bits, both contiguous, the same C for a and
-    b -> ((Ra, C), (Rb, C)) bf16: two outputs, so neither aliases the other."""
+    """data (R, C/2) uint8, scale (R, C/16) E4M3 (or its uint8 bits), both contiguous, the
+    same C for a and b -> ((Ra, C), (Rb, C)) bf16: two outputs, so neither aliases the other."""
     a_rows, half = a_data.shape
     b_rows = b_data.shape[0]
     a_out = a_data.new_empty(a_rows, 2 * half, dtype=torch.bfloat16)
@@ -133,8 +135,9 @@ def _dequantize_op(
 def weight_slices(data: torch.Tensor, scale: torch.Tensor):
     """For a kernel op's body that makes a packed weight stack's bf16 copy a slice at a time
     (grouped_gemm_bf16.py, grouped_gemm_dact.py): data (G, N, C/2) uint8 and scale (G, N,
-    C/16) uint8 bits, contiguous -> a function (first, rows) that launches the deq() of rows
-    [first, first + rows) of every expert into a new (G, rows, C) bf16 tensor and returns it."""
+    C/16) E4M3 (or its uint8 bits), contiguous -> a function (first, rows) that launches the
+    deq() of rows [first, first + rows) of every expert into a new (G, rows, C) bf16 tensor
+    and returns it."""
     groups, n, half = data.shape
     rows_data, rows_scale = data.view(groups * n, half), scale.view(groups * n, -1)
     cfg = dequant_config()
@@ -155,15 +158,16 @@ def weight_slices(data: torch.Tensor, scale: torch.Tensor):
 
 
 def _rows(data: torch.Tensor, scale: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checked (rows, C/2) data and (rows, C/16) uint8 scale bits, contiguous."""
+    """Checked (rows, C/2) data and (rows, C/16) scales (E4M3 or its uint8 bits), contiguous."""
     if data.dim() < 1 or data.dtype != torch.uint8:
         raise ValueError(f"{name}: data must be packed uint8 (..., C/2), got {data.dtype} {tuple(data.shape)}")
     half = data.shape[-1]
     if half % 8 or scale.shape != (*data.shape[:-1], half // 8):
         raise ValueError(f"{name}: need C % 16 == 0 and scale (..., C/16); got data "
                          f"{tuple(data.shape)}, scale {tuple(scale.shape)}")
-    bits = scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale
-    return data.reshape(-1, half).contiguous(), bits.reshape(-1, half // 8).contiguous()
+    if scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise ValueError(f"{name}: scale must be E4M3 (torch.float8_e4m3fn) or its uint8 bits, got {scale.dtype}")
+    return data.reshape(-1, half).contiguous(), scale.reshape(-1, half // 8).contiguous()
 
 
 def dequantize_bf16_pair(
@@ -198,8 +202,8 @@ def dequantize_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     (or its uint8 bits) -> (..., C) bf16, equal bit for bit to
     ``formats.block_values(data, scale).to(torch.bfloat16)`` (global scale not applied).
     The pair launch with an empty second operand."""
-    rows, bits = _rows(data, scale, "dequantize_bf16")
+    rows, scales = _rows(data, scale, "dequantize_bf16")
     # the empty second operand made with new_empty, not a slice: a traced step (fake CUDA
     # tensors on a CPU-only torch) failed on the slice
-    out, _ = _dequantize_op(rows, bits, rows.new_empty(0, rows.shape[1]), bits.new_empty(0, bits.shape[1]))
+    out, _ = _dequantize_op(rows, scales, rows.new_empty(0, rows.shape[1]), scales.new_empty(0, scales.shape[1]))
     return out.view(*data.shape[:-1], out.shape[1])

@@ -25,8 +25,10 @@ unrolled or ``CastConfig.token_unroll`` per step of a loop (a smaller kernel to 
 Column-wise: the 16 tiles of a run form one 16-token block per column k; codes of
 tokens 2i, 2i+1 share a byte and the 8 bytes of a run go out as one uint64, so the
 column-wise copy is written as (K, cap/16) uint64 words (cap = padded capacity), through
-a uint64 pointer the kernel makes from the uint8 output's (a dtype view outside the
-kernel would be two more ops per cast in a compiled step).
+a uint64 pointer the kernel makes from the uint8 output's. Likewise the scales are
+allocated as the E4M3 tensors the NVFP4 copies hold and stored as their code bytes
+through uint8 pointers: a dtype view outside the kernel is one more op a
+compiled step calls on the host, per copy and per reader.
 
 Stacked layout (STACKED, used by ``quantize_weights``): the input is a (G*N, K) stack of
 G groups of N rows; a run's group is its first row // N (``_nvfp4.stacked_runs``, no
@@ -84,6 +86,8 @@ from ._nvfp4 import (
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .activation import act_fwd_rows, is_gated
 from .config import cast_config, cast_launches
+
+_E4M3 = torch.float8_e4m3fn
 
 
 @triton.jit
@@ -145,7 +149,8 @@ def _store_row_codes(codes, code_s, src, ok, k0, K, row_data_ptr, row_scale_ptr,
         data_ok = ok[:, None] & (kh < K // 2)[None, :]
         scale_ok = ok[:, None] & (kb < K // 16)[None, :]
     tl.store(row_data_ptr + src[:, None] * (K // 2) + kh[None, :], (lo | (hi << 4)).to(tl.uint8), mask=data_ok)
-    tl.store(row_scale_ptr + src[:, None] * (K // 16) + kb[None, :], code_s.to(tl.uint8), mask=scale_ok)
+    scale_ptrs = row_scale_ptr.to(tl.pointer_type(tl.uint8)) + src[:, None] * (K // 16) + kb[None, :]
+    tl.store(scale_ptrs, code_s.to(tl.uint8), mask=scale_ok)
 
 
 @triton.jit
@@ -420,7 +425,7 @@ def _cast_block(
             word = word | ((c14 | (c15 << 4)).to(tl.uint64) << 56)
         col_ok = (rs < rows_total)[:, None] & k_ok[None, :]
         tl.store(col_data_ptr.to(tl.pointer_type(tl.uint64)) + idx, word, mask=col_ok)
-        tl.store(col_scale_ptr + idx, col_code_s.to(tl.uint8), mask=col_ok)
+        tl.store(col_scale_ptr.to(tl.pointer_type(tl.uint8)) + idx, col_code_s.to(tl.uint8), mask=col_ok)
 
 
 @triton.jit
@@ -501,8 +506,8 @@ def group_cast(
     group of T tokens, T % 16 == 0: T; stacked: N = T / G, the rows of one group, and
     group_sizes is None: an expert weight stack, ``quantize_weights``).
     seed: int64 (1,) on x's device (read only with stochastic_rounding).
-    Returns (row data (T, K/2) uint8, row scales (T, K/16) uint8, column-wise data
-    (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) [(G, K, N/16)],
+    Returns (row data (T, K/2) uint8, row scales (T, K/16) E4M3, column-wise data
+    (K, P/2) uint8 [stacked: (G, K, N/2)], column-wise scales (K, P/16) E4M3 [(G, K, N/16)],
     padded offsets int64 (G+1,), row-wise amax, column-wise amax (fp32 (G,): new tensors
     holding the amaxes given)); a copy not asked for is an empty (0,) tensor.
     row_deq: the row-wise copy as its deq() values, row data (T, K) bf16 (what
@@ -519,18 +524,18 @@ def group_cast(
         k //= 2
     groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pad_off = x.new_empty(groups + 1, dtype=torch.int64)
-    def alloc(wanted, *shape):  # a copy not asked for: its own empty tensor (no aliasing)
-        return x.new_empty(*shape if wanted else (0,), dtype=torch.uint8)
+    def alloc(wanted, *shape, dtype=torch.uint8):  # a copy not asked for: its own empty tensor (no aliasing)
+        return x.new_empty(*shape if wanted else (0,), dtype=dtype)
 
     if row_deq:
         row_data = x.new_empty(*(tokens, k) if rowwise else (0,), dtype=torch.bfloat16)
-        row_scale = alloc(False)
+        row_scale = alloc(False, dtype=_E4M3)
     else:
         row_data = alloc(rowwise, tokens, k // 2)
-        row_scale = alloc(rowwise, tokens, k // BLOCK)
+        row_scale = alloc(rowwise, tokens, k // BLOCK, dtype=_E4M3)
     lead = (groups, k) if stacked else (k,)
     col_data = alloc(columnwise, *lead, capacity // 2)
-    col_scale = alloc(columnwise, *lead, capacity // BLOCK)
+    col_scale = alloc(columnwise, *lead, capacity // BLOCK, dtype=_E4M3)
     row_amax_out = x.new_empty(groups if rowwise else 0, dtype=torch.float32)
     col_amax_out = x.new_empty(groups if columnwise else 0, dtype=torch.float32)
     rows_total = tokens if stacked else capacity

@@ -286,7 +286,7 @@ def _grouped_gemm_bf16_slices_op(
     group_sizes: torch.Tensor, slice_rows: int,
 ) -> torch.Tensor:
     """``_grouped_gemm_bf16_op`` with b a packed weight stack, (G, N, K/2) uint8 and
-    (G, N, K/16) uint8 scale bits, contiguous: its bf16 copy is made `slice_rows` of its N
+    (G, N, K/16) E4M3 scales, contiguous: its bf16 copy is made `slice_rows` of its N
     rows (out's columns) at a time, each slice dequantized into a buffer of its own and
     multiplied into its columns of out before the next is made (a freed buffer is what the
     next one takes). -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
@@ -346,7 +346,7 @@ def grouped_gemm_via_bf16(
         a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
         return _grouped_gemm_bf16_op(a, a_amax, b, b_amax, group_sizes)
     a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
-    return _grouped_gemm_bf16_slices_op(a, a_amax, b_data.contiguous(), scale_bits(b_scale), b_amax, group_sizes,
+    return _grouped_gemm_bf16_slices_op(a, a_amax, b_data.contiguous(), b_scale.contiguous(), b_amax, group_sizes,
                                         rows)
 
 
@@ -376,8 +376,3 @@ def slice_rows(tokens, groups: int, rows: int, cfg: Bf16GemmConfig) -> int:
     ``cfg.block_n``-column tiles (`rows`: the whole copy at once)."""
     slices = copy_slices(tokens, groups, rows, cfg.min_slice_rows)
     return min(max(-(-rows // slices // cfg.block_n), 1) * cfg.block_n, rows) if slices > 1 else rows
-
-
-def scale_bits(scale: torch.Tensor) -> torch.Tensor:
-    """E4M3 scales (or their uint8 bits) as contiguous uint8 bits, as the kernels load them."""
-    return (scale.view(torch.uint8) if scale.dtype == torch.float8_e4m3fn else scale).contiguous()

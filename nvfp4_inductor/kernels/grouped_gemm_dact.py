@@ -43,7 +43,7 @@ from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
 from .dequantize import bf16_operands, dequantize_bf16, weight_slices
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
-from .grouped_gemm_bf16 import bf16_tile_acc, scale_bits, slice_rows, use_tma
+from .grouped_gemm_bf16 import bf16_tile_acc, slice_rows, use_tma
 
 
 @triton.jit
@@ -195,7 +195,7 @@ def _grouped_gemm_dact_slices_op(
     regenerate: bool, slice_rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_grouped_gemm_dact_op`` with b W2's packed column-wise copies, (G, F, K/2) uint8 and
-    (G, F, K/16) uint8 scale bits, contiguous, whose bf16 copy is made `slice_rows` of its F
+    (G, F, K/16) E4M3 scales, contiguous, whose bf16 copy is made `slice_rows` of its F
     rows (G's columns) at a time, as ``grouped_gemm_bf16._grouped_gemm_bf16_slices_op`` does."""
     return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, b_data.shape[1],
                           slice_rows, weight_slices(b_data, b_scale))
@@ -244,6 +244,6 @@ def grouped_gemm_dact(
         dc, dp, d = _grouped_gemm_dact_op(a, a_amax, b, b_amax, group_sizes, c, probs, act, clamp, bool(regenerate))
     else:
         a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
-        dc, dp, d = _grouped_gemm_dact_slices_op(a, a_amax, b_data.contiguous(), scale_bits(b_scale), b_amax,
+        dc, dp, d = _grouped_gemm_dact_slices_op(a, a_amax, b_data.contiguous(), b_scale.contiguous(), b_amax,
                                                  group_sizes, c, probs, act, clamp, bool(regenerate), rows)
     return dc, (dp if probs is not None else None), (d if regenerate else None)
