@@ -102,6 +102,14 @@ class _GroupedMLPChain(torch.autograd.Function):
         return dx, dw1, dw2, None, dprobs, None, None, None
 
 
+# The recipe of a call that passes none: one instance, not a Recipe() made in the traced
+# code. Dynamo (torch 2.11) guards a frozen dataclass made in a compiled frame on its class's
+# field defaults through a Python lambda that wraps ``dataclasses.fields`` anew at every
+# call: five such guards cost every compiled step ~0.08 ms of host time on the H200
+# (benchmarks/NOTES.md run J2). An instance's fields are guarded by attribute, in C++.
+_DEFAULT_RECIPE = Recipe()
+
+
 @torch.compiler.allow_in_graph
 def grouped_mlp_call(x, fc1_weight, fc2_weight, group_sizes, probs, *, activation, tanh_clamp_scale, recipe):
     """The eager chain as ONE node of a Dynamo graph (allowed in the graph): the anchor the
@@ -137,7 +145,7 @@ def grouped_mlp(
     # Traced by Dynamo (outside the graph node), so a bad input raises this ValueError in
     # compiled runs too, not an error wrapped by fake-tensor propagation. DTensor operands:
     # expert-parallel weights become their local experts (distributed.py).
-    recipe = recipe or Recipe()
+    recipe = _DEFAULT_RECIPE if recipe is None else recipe
     x, fc1_weight, fc2_weight, group_sizes, probs = local_operands(x, fc1_weight, fc2_weight, group_sizes, probs,
                                                                   recipe)
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
