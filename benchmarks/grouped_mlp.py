@@ -48,7 +48,9 @@ skipped (CUDA graphs need a GPU).
 (recompute on, graphs off) sorted by time; --launches the same step's kernels in launch
 order, each with its time (which cast costs what). --host-profile adds the same step's
 host-side Python functions by own time (cProfile). --host-sample attaches py-spy
-(``--native``) to this process while that step runs back to back: Python and native frames
+(``--native``) to this process while that step runs back to back: the samples by where they
+are (guard checks, Triton launches, allocations, Inductor's wrapper, AOTAutograd's and
+autograd's runtimes, Dynamo's frame hook) per step, then Python and native frames
 (custom-op dispatch, autograd's device thread, Triton's launcher: what cProfile cannot see
 into) by own samples.
 py-spy is a binary on PATH; a machine without network gets it from a wheel carried along
@@ -455,10 +457,41 @@ def own_samples(raw: str) -> collections.Counter:
     return own
 
 
-def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=20) -> str:
-    """Own-time table of `step` run back to back under py-spy --native (the binary `py_spy`),
+# Where a host sample of a compiled step is, by the first of these whose pattern some frame
+# of its stack matches (a guard check runs inside Dynamo's frame hook, a launch inside the
+# wrapper code, the wrapper inside AOTAutograd's runtime, and the main thread's backward call
+# waits on autograd's device thread, which runs the backward's wrapper).
+HOST_CATEGORIES = (
+    ("Dynamo guard checks", r"GuardManager|GuardAccessor|^GuardBuilder"),
+    ("Triton launches (Inductor's CachingAutotuner.run and below)", r"^CachingAutotuner\.run "),
+    ("allocations (empty_strided_cuda)", r"^empty_strided_cuda "),
+    ("ops the wrapper calls (OpOverload)", r"^OpOverload(Packet)?\.__call__ "),
+    ("Inductor's wrapper code, own lines", r"torchinductor_|^Runner\.call "),
+    ("AOTAutograd runtime wrappers", r"torch/_functorch/"),
+    ("autograd engine (incl. waiting on its device thread)", r"torch/autograd/|^_engine_run_backward |THPFunction_apply"),
+    ("Dynamo frame hook", r"torch/_dynamo/|dynamo__custom_eval_frame"),
+)
+
+
+def host_categories(raw: str) -> collections.Counter:
+    """py-spy's raw stacks -> samples per HOST_CATEGORIES entry ("other" for the rest)."""
+    out = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not (stack and count.isdigit()):
+            continue
+        frames = stack.split(";")
+        out[next((name for name, pattern in HOST_CATEGORIES if any(re.search(pattern, f) for f in frames)),
+                 "other")] += int(count)
+    return out
+
+
+def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=12) -> str:
+    """Tables of `step` run back to back under py-spy --native (the binary `py_spy`),
     attached to this process after the step is compiled and warm: only steady-state steps
-    are sampled, from every thread (the backward runs on autograd's device thread)."""
+    are sampled, from every thread (the backward runs on autograd's device thread). First
+    the samples by category (``HOST_CATEGORIES``) per step run meanwhile (py-spy slows the
+    steps, so compare rows, not milliseconds), then the `top` frames by own samples."""
     _let_children_trace_us()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "stacks.txt")
@@ -476,11 +509,14 @@ def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=20) -> str:
         if proc.returncode != 0 or not os.path.exists(out):
             return f"host sample: py-spy failed (exit {proc.returncode}): {log.strip()[-400:]}"
         with open(out) as f:
-            own = own_samples(f.read())
+            raw = f.read()
+    own, categories = own_samples(raw), host_categories(raw)
     total = sum(own.values()) or 1
+    by_category = [[name, f"{n / max(steps, 1):.2f}", f"{100 * n / total:.1f}%"] for name, n in categories.most_common()]
     rows = [[frame[:90], str(n), f"{100 * n / total:.1f}%"] for frame, n in own.most_common(top)]
-    return format_table(["frame (own samples, all threads)", "samples", "share"], rows) + \
-        f"\n{total} samples at {rate} Hz over {seconds} s, {steps} steps run meanwhile"
+    return (format_table(["where (all threads)", "samples a step", "share"], by_category) + "\n\n" +
+            format_table(["frame (own samples, all threads)", "samples", "share"], rows) +
+            f"\n{total} samples at {rate} Hz over {seconds} s, {steps} steps run meanwhile")
 
 
 # ---------------------------------------------------------------------------------------

@@ -119,6 +119,27 @@ def test_own_samples_reads_py_spy_raw_stacks():
     assert gm.own_samples(raw) == {"step (grouped_mlp.py)": 10, "? (libcuda.so.1)": 5}
 
 
+def test_host_categories_take_the_first_category_any_frame_matches():
+    frame = {
+        "hook": "dynamo__custom_eval_frame (libtorch_python.so)",
+        "guard": "torch::dynamo::(anonymous namespace)::RootGuardManager::check_nopybind (libtorch_python.so)",
+        "aot": "runtime_wrapper (torch/_functorch/_aot_autograd/runtime_wrappers.py:566)",
+        "call": "Runner.call (/tmp/torchinductor_root/ab/cabc.py:120)",
+        "launch": "CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1300)",
+        "cuda": "0x7f0badc0de (libcuda.so.1)",
+        "alloc": "empty_strided_cuda (libtorch_python.so)",
+        "engine": "_engine_run_backward (torch/autograd/graph.py:829)",
+        "step": "step (grouped_mlp.py:40)",
+    }
+    raw = "\n".join(f"{';'.join(frame[k] for k in keys.split())} {n}" for keys, n in [
+        ("step hook guard", 4), ("step hook aot call launch cuda", 7), ("step hook aot call alloc", 2),
+        ("step hook aot call", 3), ("step engine", 5), ("step", 1)])
+    assert gm.host_categories(raw) == {
+        "Dynamo guard checks": 4, "Triton launches (Inductor's CachingAutotuner.run and below)": 7,
+        "allocations (empty_strided_cuda)": 2, "Inductor's wrapper code, own lines": 3,
+        "autograd engine (incl. waiting on its device thread)": 5, "other": 1}
+
+
 def test_compile_time_benchmark_runs_on_cpu():
     """benchmarks/compile_time.py (first step against depth, traced launches on and off, each
     row cold and cached in processes of its own): a row per implementation and depth with
