@@ -1,6 +1,7 @@
 """Question: how fast and how lean is NVFP4 grouped-MLP training (forward + backward)
 compared with BF16, per implementation, at the shapes S1-S4 below, with and without CUDA graphs,
-and how far is it from what its GEMMs and quantization bytes allow?
+and how far is it from what its GEMMs and quantization bytes allow? (Shape H is small
+enough to be host-bound: for host time, with --host-sample.)
 
 Rows (one process, one GPU), per shape, activation and CUDA-graph setting: BF16
 torch.compile of a torch._grouped_mm MLP (the baseline, 1.00) and our compiled NVFP4
@@ -90,6 +91,9 @@ SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
     "S3": (32, 32768, 2048, 768, True),
     "S4": (128, 65536, 2048, 768, True),
     "tiny": (4, 256, 64, 64, True),  # the CPU smoke run
+    # GPU work under the host time of a compiled step: host ms is the host's, and
+    # --host-sample sees host work, not waits on a full launch queue (runs J2, J3)
+    "H": (8, 2048, 1024, 512, False),
 }
 DEFAULT_SHAPES = {"cuda": ["S1", "S2", "S3", "S4"], "cpu": ["tiny"]}
 COPY_BYTES = {"cuda": 2**30, "cpu": 2**24}  # the copy whose rate the floor charges bytes at
