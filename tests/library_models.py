@@ -91,9 +91,14 @@ def build_experts(case: ExpertsCase, dtype=torch.bfloat16) -> torch.nn.Module:
             config = config_class()
             _shrink(config)
             config._experts_implementation = "grouped_mm"
-            sized = "intermediate_size" in inspect.signature(case.experts.__init__).parameters and isinstance(
-                getattr(config, "moe_intermediate_size", None), (list, tuple))  # per-modality sizes (Ernie VL)
-            experts = case.experts(config, intermediate_size=32) if sized else case.experts(config)
+            params = inspect.signature(case.experts.__init__).parameters
+            kwargs = {}
+            if "intermediate_size" in params and isinstance(getattr(config, "moe_intermediate_size", None),
+                                                            (list, tuple)):  # per-modality sizes (Ernie VL)
+                kwargs["intermediate_size"] = 32
+            if "layer_idx" in params and params["layer_idx"].default is inspect.Parameter.empty:
+                kwargs["layer_idx"] = 0  # per-layer settings (5.25's bailing_hybrid, step3p7: SwiGLU clip limits)
+            experts = case.experts(config, **kwargs)
         except Exception as e:
             errors.append(f"{config_class.__name__}: {type(e).__name__}: {e}"[:200])
             continue
