@@ -449,15 +449,21 @@ def _let_children_trace_us() -> None:
         pass
 
 
-def own_samples(raw: str) -> collections.Counter:
-    """py-spy's raw (collapsed) stacks, "frame;frame;... count" per line -> samples per leaf
-    frame, line numbers dropped (one row per function) and unnamed native addresses as "?"."""
-    own = collections.Counter()
+def _stacks(raw: str):
+    """py-spy's raw (collapsed) stacks, "frame;frame;... count" per line -> (frames, count)."""
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
-            leaf = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])
-            own[re.sub(r"^0x[0-9a-f]+ ", "? ", leaf)] += int(count)
+            yield stack.split(";"), int(count)
+
+
+def own_samples(raw: str) -> collections.Counter:
+    """py-spy's raw stacks -> samples per leaf frame, line numbers dropped (one row per
+    function) and unnamed native addresses as "?"."""
+    own = collections.Counter()
+    for frames, count in _stacks(raw):
+        leaf = re.sub(r":\d+\)$", ")", frames[-1])
+        own[re.sub(r"^0x[0-9a-f]+ ", "? ", leaf)] += count
     return own
 
 
@@ -480,13 +486,9 @@ HOST_CATEGORIES = (
 def host_categories(raw: str) -> collections.Counter:
     """py-spy's raw stacks -> samples per HOST_CATEGORIES entry ("other" for the rest)."""
     out = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not (stack and count.isdigit()):
-            continue
-        frames = stack.split(";")
+    for frames, count in _stacks(raw):
         out[next((name for name, pattern in HOST_CATEGORIES if any(re.search(pattern, f) for f in frames)),
-                 "other")] += int(count)
+                 "other")] += count
     return out
 
 
