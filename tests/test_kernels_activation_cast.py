@@ -106,10 +106,12 @@ def test_srelu_activation_cast_equals_the_reference_chain(copies):
     assert_nvfp4_equal(fused, numerics.group_quantize_torch(d_ref, sizes.cpu(), **ref_options), f"srelu {copies}")
 
 
-@pytest.mark.parametrize("tiles", [CastConfig(16, 32, 1, k_blocks=2), CastConfig(16, 32, 1, k_blocks=2, token_unroll=1)],
-                         ids=["16x32 k2", "16x32 k2 u1"])
+@pytest.mark.parametrize("tiles", [CastConfig(16, 32, 1, k_blocks=2), CastConfig(16, 32, 1, k_blocks=2, token_unroll=1),
+                                   CastConfig(32, 256, 4, k_blocks=1)],
+                         ids=["16x32 k2", "16x32 k2 u1", "32x256 w4 (the GPU's column-only default)"])
 def test_activation_cast_tiles_change_no_bit(tiles):
-    """The token loop and column-block loop take the prologue too."""
+    """The token loop and column-block loop take the prologue too; so does a block wider
+    than C (config.cast_config's act_in tiles, masked here past column 96)."""
     sizes = torch.tensor([18, 30], device=DEVICE)
     c = _c(48, 96, True, seed=5)
     with config.override(cast=tiles):

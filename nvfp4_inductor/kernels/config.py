@@ -117,10 +117,12 @@ def override(**configs):
 
 
 def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: bool = True,
-                columnwise: bool = True, stacked: bool = False, row_deq: bool = False) -> CastConfig:
+                columnwise: bool = True, stacked: bool = False, row_deq: bool = False,
+                act_in: bool = False) -> CastConfig:
     """Tiles of a cast writing the copies asked for (`rowwise`, `columnwise`; `row_deq`: the
     row-wise one as deq() values) of a token tensor, or of an expert weight stack
-    (`stacked`: 2D blocks, both copies in one launch).
+    (`stacked`: 2D blocks, both copies in one launch); `act_in`: the cast makes its input
+    D from C as it loads it (``group_cast``'s ACT_IN).
 
     8 elements per thread per token row (R * BK / (32 * warps)): every 1x16 row block
     spans 2 threads, so the per-block scale chain (two IEEE divisions) is computed by 2
@@ -166,7 +168,13 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     better than unrolling does, and the kernel compiles in a tenth of the time.
     RNE row-only (run H2, 16x256 w1 k2, one token a step against unrolled): with deq() stores
     (x, D in the forward) S1 x 120 -> 106 us, S4 x 249 -> 210, S4 h 100 -> 88; packed (the
-    recompute-off D) 230 -> 240 and 96 -> 99 at S4: only the deq() casts take the loop."""
+    recompute-off D) 230 -> 240 and 96 -> 99 at S4: only the deq() casts take the loop.
+    RNE column-only with D made from C in the cast (the SReLU recompute's D, the backward's
+    ``activation_quantize``): 32x256, 4 warps, 1 block (run A3, benchmarks/diag/act_cast.py,
+    us replayed from CUDA graphs, bits equal): S4 h 227.7 -> 115.1, S1 h (16384 x 2048)
+    123.4 -> 75.3, S3 h (32768 x 768) 94.3 -> 58.1; the activation kernel + the plain column
+    cast take 147.0 / 94.5 / 73.9. With the plain column cast's tiles the prologue made the
+    fused launch slower than the two it replaced (32x64 tiles 172-184 / 107-122 / 82-93)."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
@@ -183,6 +191,8 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
         return CastConfig(block_m=16, block_k=256, num_warps=1, k_blocks=2, token_unroll=1 if row_deq else 16)
     if sr:
         return CastConfig(block_m=32, block_k=64, num_warps=1, k_blocks=8)
+    if act_in:
+        return CastConfig(block_m=32, block_k=256, num_warps=4, k_blocks=1)
     return CastConfig(block_m=32, block_k=128, num_warps=2, k_blocks=4)
 
 

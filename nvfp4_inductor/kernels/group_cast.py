@@ -549,7 +549,7 @@ def group_cast(
         # to the same binary with or without them (one kernel, not two, to compile)
         col_rht = rht and col
         cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col,
-                          stacked=stacked, row_deq=row_deq and row)
+                          stacked=stacked, row_deq=row_deq and row, act_in=act_in)
         launch(
             _group_cast_kernel,
             (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
