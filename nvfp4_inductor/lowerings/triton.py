@@ -42,10 +42,12 @@ def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regen
 # Activations whose D the cast makes from C as it loads it (``kernels.activation_group_quantize``).
 # SReLU's math adds ~6 SASS instructions an element to the column-wise cast (sm_90a, local
 # Triton 3.9, 128 groups: 30.0 -> 36.6, 196 registers, no spills: benchmarks/cast_sass.py),
-# and saves the activation kernel's pass (C read, D written, D read again by the cast).
-# tanh-SReLU and SwiGLU would multiply the cast's instructions by 2.4 and 2.3 (SwiGLU with
-# 304 bytes of spills) in a kernel already bound by its instruction issue and latency, so
-# they stay two launches (activation kernel, then cast) until the H200 says otherwise.
+# and saves the activation kernel's pass (C read, D written, D read again by the cast): on
+# the H200, at its own tiles (config.cast_config's act_in), 115 / 75 / 58 us at S4 / S1 / S3
+# against the two launches' 147 / 95 / 74 (benchmarks/NOTES.md, run A3). tanh-SReLU and SwiGLU
+# multiply the cast's instructions by 2.4 and 2.3 (SwiGLU with 304 bytes of spills) in a
+# kernel bound by its instruction issue and latency: SwiGLU's fused cast measured 219 / 174 /
+# 110 us against 175 / 115 / 90 (run A5), so they stay two launches (activation kernel, then cast).
 _D_MADE_IN_CAST = frozenset({"srelu"})
 
 
