@@ -108,7 +108,7 @@ def test_srelu_activation_cast_equals_the_reference_chain(copies):
 
 @pytest.mark.parametrize("tiles", [CastConfig(16, 32, 1, k_blocks=2), CastConfig(16, 32, 1, k_blocks=2, token_unroll=1),
                                    CastConfig(32, 256, 4, k_blocks=1)],
-                         ids=["16x32 k2", "16x32 k2 u1", "32x256 w4 (the GPU's column-only default)"])
+                         ids=["16x32 k2", "16x32 k2 u1", "32x256 w4 k1 (the GPU's act_in column default)"])
 def test_activation_cast_tiles_change_no_bit(tiles):
     """The token loop and column-block loop take the prologue too; so does a block wider
     than C (config.cast_config's act_in tiles, masked here past column 96)."""
