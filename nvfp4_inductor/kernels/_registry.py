@@ -44,7 +44,13 @@ INTERPRET = _interpreting()
 
 
 def launch(kernel, grid, **kwargs) -> None:
-    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids."""
+    """Launch `kernel` on `grid` with keyword arguments; no-op on FakeTensors or empty grids.
+
+    A pointer the launch does not use (its constexpr flags keep the kernel from touching
+    it) is passed as None, not as some other tensor: Triton makes a None argument a
+    constant of the compiled kernel, so the launcher passes no tensor for it, and
+    Inductor's generated call for a traced launch shows -1 there (its mark for such a
+    constant) instead of a tensor that reads as an operand."""
     if any(isinstance(v, FakeTensor) for v in kwargs.values()):
         return
     if any(g == 0 for g in grid):

@@ -283,7 +283,7 @@ def _activation_forward_op(c: torch.Tensor, probs: Optional[torch.Tensor], act: 
     bm, bf = _blocks(f)
     launch(
         _act_fwd_kernel, (cdiv(tokens, bm), cdiv(f, bf)),
-        c_ptr=c, p_ptr=probs if probs is not None else c, d_ptr=d, T=tokens, F=f, clamp=clamp,
+        c_ptr=c, p_ptr=probs, d_ptr=d, T=tokens, F=f, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
     )
     return d
@@ -301,8 +301,8 @@ def _activation_backward_op(
     bm, bf = _blocks(f)
     launch(
         _act_bwd_kernel, (cdiv(tokens, bm),),
-        g_ptr=g, c_ptr=c, p_ptr=probs if probs is not None else c, dc_ptr=dc, dp_ptr=dp if probs is not None else dc,
-        d_ptr=d if regenerate else dc, T=tokens, F=f, clamp=clamp,
+        g_ptr=g, c_ptr=c, p_ptr=probs, dc_ptr=dc, dp_ptr=dp if probs is not None else None,
+        d_ptr=d if regenerate else None, T=tokens, F=f, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
     )
     return dc, dp, d

@@ -84,8 +84,8 @@ def group_amax(
     k_split = min(cfg.k_split, cdiv(k, cfg.block_k))
     launch(
         _group_amax_kernel, (cdiv(rows_total, cfg.block_m), k_split),
-        x_ptr=x, sizes_ptr=x if stacked else group_sizes.contiguous(),
-        pre_ptr=pre_amax, post_ptr=post_amax, K=k, G=groups, rows_total=rows_total,
+        x_ptr=x, sizes_ptr=None if stacked else group_sizes.contiguous(),
+        pre_ptr=pre_amax if pre else None, post_ptr=post_amax if post else None, K=k, G=groups, rows_total=rows_total,
         PRE=pre, POST=post, SIGN_MASK=sign_mask, STACKED=stacked, BLOCK_G=max(next_power_of_2(groups), 2),
         EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BK=cfg.block_k, K_SPLIT=k_split, num_warps=cfg.num_warps,
     )

@@ -541,7 +541,8 @@ def group_cast(
     rows_total = tokens if stacked else capacity
     if groups == 0:
         return row_data, row_scale, col_data, col_scale, pad_off.zero_(), row_amax_out, col_amax_out
-    sizes = x if stacked else group_sizes.contiguous()
+    sizes = None if stacked else group_sizes.contiguous()
+    has_probs = act_in and probs is not None
     # 2D, RNE, both copies from one amax tensor: each element's two codes are the same
     shared_codes = block_2d and not stochastic_rounding and not rht and row_amax is col_amax
     for row, col in cast_launches(rowwise, columnwise, stochastic_rounding, row_deq, stacked):  # each writes pad_off
@@ -550,22 +551,23 @@ def group_cast(
         col_rht = rht and col
         cfg = cast_config(rows_total, k, rht=col_rht, sr=stochastic_rounding, rowwise=row, columnwise=col,
                           stacked=stacked, row_deq=row_deq and row, act_in=act_in)
+        # pointers this launch does not use are None (``_registry.launch``)
         launch(
             _group_cast_kernel,
             (max(cdiv(rows_total, cfg.block_m), 1), max(cdiv(k, cfg.block_k * cfg.k_blocks), 1)),
-            x_ptr=x, p_ptr=probs if probs is not None else x, sizes_ptr=sizes, pad_off_ptr=pad_off,
-            row_amax_ptr=row_amax if row else x, col_amax_ptr=col_amax if col else x,
-            seed_ptr=seed if stochastic_rounding else x,
-            row_data_ptr=row_data if row else x, row_scale_ptr=row_scale if row else x,
-            col_data_ptr=col_data if col else x, col_scale_ptr=col_scale if col else x,
-            row_amax_out_ptr=row_amax_out if row else x, col_amax_out_ptr=col_amax_out if col else x,
+            x_ptr=x, p_ptr=probs if has_probs else None, sizes_ptr=sizes, pad_off_ptr=pad_off,
+            row_amax_ptr=row_amax if row else None, col_amax_ptr=col_amax if col else None,
+            seed_ptr=seed if stochastic_rounding else None,
+            row_data_ptr=row_data if row else None, row_scale_ptr=row_scale if row else None,
+            col_data_ptr=col_data if col else None, col_scale_ptr=col_scale if col else None,
+            row_amax_out_ptr=row_amax_out if row else None, col_amax_out_ptr=col_amax_out if col else None,
             K=k, G=groups, rows_total=rows_total, cap=capacity,
             col_group_stride=k * capacity // BLOCK, clamp=clamp,
             ROWWISE=row, COLUMNWISE=col, RHT=col_rht, SIGN_MASK=sign_mask if col_rht else 0, BLOCK_2D=block_2d,
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks,
-            TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act_in, ACT=act if act_in else 0, HAS_PROBS=act_in and probs is not None,
+            TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act_in, ACT=act if act_in else 0, HAS_PROBS=has_probs,
             GPU=not INTERPRET, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

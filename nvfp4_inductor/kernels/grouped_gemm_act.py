@@ -155,7 +155,7 @@ def _grouped_gemm_act_op(
     launch(
         _grouped_gemm_act_kernel, (programs,),
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes,
-        p_ptr=probs if probs is not None else a_amax,
+        p_ptr=probs,
         c_ptr=c, d_ptr=d, F=f, K=k, G=groups, clamp=clamp,
         ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET,
         BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,

@@ -159,8 +159,7 @@ def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
         launch(
             _grouped_gemm_dact_kernel, (programs,),
             a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c,
-            p_ptr=probs if probs is not None else a_amax,
-            dc_ptr=dc, part_ptr=part if probs is not None else dc, d_ptr=d if regenerate else dc,
+            p_ptr=probs, dc_ptr=dc, part_ptr=part if probs is not None else None, d_ptr=d if regenerate else None,
             F=f, K=k, G=groups, clamp=clamp, col_start=first, FS=b.shape[1],
             ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
