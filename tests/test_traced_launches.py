@@ -9,7 +9,8 @@ analysis follows store addresses back through helper calls, so a kernel that bui
 store address from a helper that was also passed an input pointer gets that input
 counted (``_nvfp4.load_token``). This test runs torch's analysis on every launch of a
 fused training step (the Triton plan, both activations, recompute on and off, probs and
-none) and checks that no kernel input is counted as written.
+none) and checks that no kernel input is counted as written, and (torch >= 2.13, whose
+analysis also reports reads) that every tensor a launch passes is one its kernel touches.
 
 The analysis needs Triton's compiler, not its interpreter, so it runs in a child process
 without TRITON_INTERPRET, with a stand-in driver that names an SM90 target (only the
@@ -59,18 +60,18 @@ ANALYSE = SM90_DRIVER + textwrap.dedent("""
     import importlib, json, pickle, sys
     from torch._higher_order_ops import triton_kernel_wrap
 
-    def written(kernel, kwargs):  # torch >= 2.13: accesses; before: the written names
+    def accessed(kernel, kwargs):  # torch >= 2.13: (written, read) names; before: (written, None)
         if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):
-            writes = triton_kernel_wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes
-            return sorted(dep.name for dep in writes)
-        return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {}))
+            rw = triton_kernel_wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes
+            return sorted(dep.name for dep in rw.writes), sorted(dep.name for dep in rw.reads)
+        return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {})), None
 
     out = []
     for module, name, meta in pickle.load(open(sys.argv[1], "rb")):
         kernel = getattr(importlib.import_module(module), name)
         kwargs = {k: torch.empty(v[1], dtype=v[2]) if isinstance(v, tuple) and v[:1] == ("T",) else v
                   for k, v in meta.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-        out.append(written(kernel, kwargs))
+        out.append(accessed(kernel, kwargs))
     print(json.dumps(out))
 """)
 
@@ -147,10 +148,21 @@ def test_no_kernel_input_counts_as_written_when_traced(tmp_path):
     run = subprocess.run([sys.executable, "-c", ANALYSE, str(path)], capture_output=True, text=True, env=env,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    writes = __import__("json").loads(run.stdout.strip().splitlines()[-1])
+    accesses = __import__("json").loads(run.stdout.strip().splitlines()[-1])
+    writes = [w for w, _ in accesses]
     wrong = [f"{name}: {sorted(set(w) & set(inputs))} (inputs {inputs})"
              for (_, name, _, inputs), w in zip(launches, writes) if set(w) & set(inputs)]
     assert not wrong, "inputs counted as written:\n" + "\n".join(wrong)
+    # every tensor a launch passes is one its kernel reads or writes: a pointer the kernel
+    # does not use is None (kernels/_registry.launch), not a placeholder tensor that the
+    # launcher reads a data pointer from and Inductor's generated call names as an operand
+    if all(reads is not None for _, reads in accesses):  # torch >= 2.13 reports reads
+        unused = []
+        for (_, name, meta, _), (w, r) in zip(launches, accesses):
+            tensors = {k for k, v in meta.items() if isinstance(v, tuple) and v[:1] == ("T",)}
+            if tensors - set(w) - set(r):
+                unused.append(f"{name}: {sorted(tensors - set(w) - set(r))}")
+        assert not unused, "tensors passed that the kernel never touches:\n" + "\n".join(unused)
     assert all(writes), "a launch with no written tensor: the analysis found nothing"
     # the column-wise copy is stored through a pointer the kernel casts (uint8 -> uint64):
     # the analysis must still see that store, or Inductor could read the copy before it is written
