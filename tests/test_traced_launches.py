@@ -159,9 +159,9 @@ def test_no_kernel_input_counts_as_written_when_traced(tmp_path):
     if all(reads is not None for _, reads in accesses):  # torch >= 2.13 reports reads
         unused = []
         for (_, name, meta, _), (w, r) in zip(launches, accesses):
-            tensors = {k for k, v in meta.items() if isinstance(v, tuple) and v[:1] == ("T",)}
-            if tensors - set(w) - set(r):
-                unused.append(f"{name}: {sorted(tensors - set(w) - set(r))}")
+            untouched = {k for k, v in meta.items() if isinstance(v, tuple) and v[:1] == ("T",)} - set(w) - set(r)
+            if untouched:
+                unused.append(f"{name}: {sorted(untouched)}")
         assert not unused, "tensors passed that the kernel never touches:\n" + "\n".join(unused)
     assert all(writes), "a launch with no written tensor: the analysis found nothing"
     # the column-wise copy is stored through a pointer the kernel casts (uint8 -> uint64):

@@ -173,10 +173,11 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     ``activation_quantize``): 32x256, 4 warps, 1 block (run A3,
     benchmarks/results/act_cast_run_A3.log: us replayed from CUDA graphs, bits equal):
     S4 h 227.7 -> 115.1, S1 h (16384 x 2048) 123.4 -> 75.3, S3 h (32768 x 768) 94.3 -> 58.1;
-    the activation kernel + the plain column cast take 147.0 / 94.5 / 73.9. At the plain column cast's tiles (32x128 w2 k4) the
-    prologue made the fused launch slower than the two it replaced, 227.7 / 123.4 / 94.3, and
-    32x64 / 64x64 tiles did not beat them either (172-184 / 99-122 / 76-93). The plain column
-    casts do not gain from 32x256 (run A4: S4 x 241 -> 305 us)."""
+    the activation kernel + the plain column cast take 147.0 / 94.5 / 73.9. At the plain
+    column cast's tiles (32x128 w2 k4) the prologue made the fused launch slower than the
+    two it replaced, 227.7 / 123.4 / 94.3, and 32x64 / 64x64 tiles did not beat them either
+    (172-184 / 99-122 / 76-93). The plain column casts do not gain from 32x256 (run A4: S4
+    x 241 -> 305 us)."""
     if "cast" in _PINNED:
         return _PINNED["cast"]
     if INTERPRET:  # numpy: the cost is per operation, not per element -> the fewest programs
