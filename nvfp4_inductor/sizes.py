@@ -11,9 +11,30 @@ def size_hint(n) -> Optional[int]:
     """A size as an int for a heuristic's choice: a traced symbolic size gives the value of
     the example being traced, with no guard on it, so one compiled graph serves every size
     (the choices made with it -- tiles, the order of independent GEMMs -- change no bit).
-    None for an unbacked size (data-dependent: no example value), which the kernels' tile
-    heuristics never see (``lowerings/inline._sizes_known``) and the others must handle."""
+    None for an unbacked size (data-dependent: no example value); ``tile_hint`` gives one."""
     return n.node.hint if isinstance(n, torch.SymInt) else int(n)
+
+
+def tile_hint(n) -> int:
+    """``size_hint`` for a tile or order heuristic, which needs some int: an unbacked size
+    (data-dependent, e.g. the rows a rank receives under expert parallelism) takes
+    Inductor's stand-in for such sizes (``unbacked_symint_fallback``, as its own kernels'
+    heuristics do); the choice changes no bit."""
+    hint = size_hint(n)
+    if hint is None:
+        from torch._inductor import config
+
+        return config.unbacked_symint_fallback
+    return hint
+
+
+def is_zero(n) -> bool:
+    """Whether a size is known to be 0, without a guard: False for a symbolic size that may
+    be 0 or not (an empty-input exit is then not taken, and the launches' grids, empty at
+    run time, launch nothing)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return guard_or_false(n == 0)
 
 
 # The fewest of out's columns a slice of a weight's bf16 copy is given: each slice's GEMM

@@ -31,6 +31,8 @@ import triton
 from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..sizes import is_zero
+
 
 def _interpreting() -> bool:
     knobs = getattr(triton, "knobs", None)
@@ -53,7 +55,7 @@ def launch(kernel, grid, **kwargs) -> None:
     constant) instead of a tensor that reads as an operand."""
     if any(isinstance(v, FakeTensor) for v in kwargs.values()):
         return
-    if any(g == 0 for g in grid):
+    if any(is_zero(g) for g in grid):  # (a data-dependent grid is launched: Triton skips it when empty)
         return
     (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
 

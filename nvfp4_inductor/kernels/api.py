@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
 
 from ..constants import RHT_DEFAULT_SIGN_MASK
 from ..numerics import Seed, columnwise_capacity, draw_seed
@@ -66,8 +67,11 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks
     device value -- no host read, so CUDA graphs replay fresh draws; an int is filled in."""
     if not stochastic_rounding:
         return None
-    if blocks >= 2**32:
-        raise ValueError(f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
+    message = f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range"
+    if has_free_unbacked_symbols(blocks):  # a data-dependent size: asserted when the step runs
+        torch._check(blocks < 2**32, lambda: message)
+    elif blocks >= 2**32:
+        raise ValueError(message)
     if seed is None:
         seed = draw_seed(device)
     if isinstance(seed, torch.Tensor):

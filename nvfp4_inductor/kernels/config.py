@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from ..sizes import MIN_SLICE_ROWS, size_hint
+from ..sizes import MIN_SLICE_ROWS, tile_hint
 from ._registry import INTERPRET
 
 
@@ -187,7 +187,7 @@ def cast_config(rows: int, cols: int, *, rht: bool, sr: bool = False, rowwise: b
     if rowwise and columnwise:  # RNE, packed (an SR or deq() row + column cast is two launches: cast_launches)
         return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4)
     if rowwise:
-        if sr and size_hint(cols) % 1024 == 0:  # no guard on a symbolic width
+        if sr and tile_hint(cols) % 1024 == 0:  # no guard on a symbolic width
             return CastConfig(block_m=16, block_k=512, num_warps=2, k_blocks=2, token_unroll=1)
         if sr:
             return CastConfig(block_m=32, block_k=128, num_warps=1, k_blocks=4, token_unroll=1)
@@ -229,7 +229,7 @@ def amax_config(rows: int, cols: int) -> AmaxConfig:
     # measured on the H200 (run 2, 65536 x 4096): (64, 128, split 1, 4 warps) 191 us beat
     # (32, 256, 1, 2 warps) 212 us and (32, 256, 2, 2 warps) 219 us. Decided on the traced
     # example's size: a dynamic token count gets no guard (no recompile at ~65k rows)
-    programs = -(-size_hint(rows) // 64)
+    programs = -(-tile_hint(rows) // 64)
     return AmaxConfig(block_m=64, block_k=128, k_split=1 if programs >= 1024 else 2, num_warps=4)
 
 

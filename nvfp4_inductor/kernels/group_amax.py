@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..sizes import is_zero
 from ._nvfp4 import columns, fold_run_amax, group_of_runs, rht_round, stacked_runs
 from ._registry import cdiv, kernel_op, launch, next_power_of_2, stacked_groups
 from .config import amax_config
@@ -77,7 +78,7 @@ def group_amax(
     tokens, k = x.shape
     groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pre_amax, post_amax = _output(x, groups, pre), _output(x, groups, post)
-    if groups == 0 or k == 0 or tokens == 0 or not (pre or post):
+    if groups == 0 or k == 0 or is_zero(tokens) or not (pre or post):
         return pre_amax, post_amax
     rows_total = tokens if stacked else capacity  # the rows the grid covers
     cfg = amax_config(rows_total, k)

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ._nvfp4 import bf16_round, to_float32
+from ..sizes import is_zero
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
@@ -148,7 +149,7 @@ def _grouped_gemm_act_op(
     f = f1 // 2 if is_gated(act) else f1
     c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
     d = a.new_empty(tokens, f, dtype=torch.bfloat16)
-    if tokens == 0 or f == 0 or groups == 0:
+    if is_zero(tokens) or f == 0 or groups == 0:
         return c, d
     cfg = epilogue_config("act", act, a.device)
     programs = num_programs(cfg, a.device)

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from ..formats import is_deq_values
-from ..sizes import copy_slices
+from ..sizes import copy_slices, is_zero
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
 from .dequantize import bf16_operands, dequantize_bf16, dequantize_bf16_pair, weight_slices
@@ -251,7 +251,7 @@ def _fprop_launches(a: torch.Tensor, a_amax: torch.Tensor, b_amax: torch.Tensor,
     ``make_b(first, rows)``, dropped before the next."""
     tokens, k = a.shape
     out = a.new_empty(tokens, n, dtype=torch.bfloat16)
-    if tokens == 0 or n == 0:
+    if is_zero(tokens) or n == 0:
         return out
     if k == 0 or groups == 0:
         return out.zero_()
@@ -305,7 +305,7 @@ def _grouped_gemm_wgrad_bf16_op(
     out = a.new_empty(groups, n, m, dtype=torch.bfloat16)
     if out.numel() == 0:
         return out
-    if p == 0:
+    if is_zero(p):
         return out.zero_()
     cfg = bf16_gemm_config("wgrad", a.device)
     tma = use_tma(cfg, a.device, p)

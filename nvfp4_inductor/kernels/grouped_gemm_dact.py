@@ -38,6 +38,7 @@ import triton.language as tl
 
 from ..formats import is_deq_values
 from ._nvfp4 import to_float32
+from ..sizes import is_zero
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
 from .dequantize import bf16_operands, dequantize_bf16, weight_slices
@@ -148,7 +149,7 @@ def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
     dc = c.new_empty(c.shape, dtype=torch.bfloat16)
     dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
-    if tokens == 0 or f == 0:  # sizes sum to T, so G == 0 lands here too; K == 0 runs (G = 0)
+    if is_zero(tokens) or f == 0 or b_amax.shape[0] == 0:  # K == 0 runs
         return dc, dp, d
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
     cfg = epilogue_config("dact", act, a.device)

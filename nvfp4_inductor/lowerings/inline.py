@@ -22,7 +22,6 @@ from typing import Iterator, Optional
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
 
 from . import registry
 from .policy import choose_target
@@ -50,15 +49,6 @@ def inlines(target: Optional[str], device) -> bool:
     return _ENABLED and chosen.inline()
 
 
-def _sizes_known(values) -> bool:
-    """Whether no size among an op's arguments is data-dependent (an unbacked symbol:
-    tokens counted on the device, as expert parallelism's received rows under
-    ``capture_scalar_outputs``). The bodies pick grids, tile configs and empty-input exits
-    from their sizes, which tracing cannot decide for such a size, so the op stays one call
-    that runs its body on the real sizes."""
-    return not has_free_unbacked_symbols([v for v in values if isinstance(v, (torch.Tensor, torch.SymInt))])
-
-
 def target_op(name: str):
     """``torch.library.custom_op(name, fn, mutates_args=())`` for a body whose ``target``
     argument names the target it runs, inlined when traced where that target allows."""
@@ -73,7 +63,7 @@ def target_op(name: str):
             device = next(v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor))
             # (as triton_op: tensor subclasses other than the tracing wrappers keep the op)
             plain = all(issubclass(t, FakeTensor) or t in _PLAIN_TENSOR_TYPES for t in types)
-            if plain and _sizes_known(bound.arguments.values()) and inlines(bound.arguments["target"], device):
+            if plain and inlines(bound.arguments["target"], device):
                 with mode:
                     return fn(*args, **kwargs)
             return mode.__torch_dispatch__(func, types, args, kwargs)
