@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 def size_hint(n) -> Optional[int]:
@@ -31,9 +32,10 @@ def tile_hint(n) -> int:
 def is_zero(n) -> bool:
     """Whether a size is known to be 0, without a guard: False for a symbolic size that may
     be 0 or not (an empty-input exit is then not taken, and the launches' grids, empty at
-    run time, launch nothing)."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-
+    run time, launch nothing). (Plain ints first: launches outside tracing ask this of
+    every grid dimension.)"""
+    if isinstance(n, int):
+        return n == 0
     return guard_or_false(n == 0)
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
 
 from ..constants import RHT_DEFAULT_SIGN_MASK
 from ..numerics import Seed, columnwise_capacity, draw_seed
@@ -67,11 +66,10 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks
     device value -- no host read, so CUDA graphs replay fresh draws; an int is filled in."""
     if not stochastic_rounding:
         return None
-    message = f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range"
-    if has_free_unbacked_symbols(blocks):  # a data-dependent size: asserted when the step runs
-        torch._check(blocks < 2**32, lambda: message)
+    if isinstance(blocks, torch.SymInt):  # traced: a guard, or for a data-dependent size a run-time assert
+        torch._check(blocks < 2**32, lambda: f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
     elif blocks >= 2**32:
-        raise ValueError(message)
+        raise ValueError(f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
     if seed is None:
         seed = draw_seed(device)
     if isinstance(seed, torch.Tensor):
