@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._nvfp4 import bf16_round, to_float32
 from ..sizes import is_zero
+from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config

@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from ..formats import is_deq_values
-from ._nvfp4 import to_float32
 from ..sizes import is_zero
+from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
 from .dequantize import bf16_operands, dequantize_bf16, weight_slices
