@@ -55,6 +55,9 @@ the largest over the ranks, since the slowest rank sets the pace of a synchronou
     rest ms        step - a2a - experts: router, sorting and gathers, the host sync on the
                    split sizes, launch overhead (medians of separate runs: can be slightly
                    negative when it is small)
+    peak MiB       one more step's peak device memory above what was allocated before it
+                   (activations, saved tensors, gradients, transient copies; the weights and
+                   inputs excluded), the largest over the ranks; CUDA only ("-" elsewhere)
 
 On CUDA the timings are wall clock around synchronised steps (not triton's do_bench: its
 repetition count is chosen per process, and ranks running different counts of a
@@ -89,7 +92,7 @@ DEFAULTS = {  # tokens per rank, hidden, ffn, experts, steps, warmup
     "cpu": dict(tokens=64, hidden=64, ffn=64, experts=4, steps=5, warmup=1),
 }
 HEADERS = ["GPUs", "implementation", "tokens/rank", "rows/rank", "step ms", "tokens/s/GPU", "a2a ms", "a2a %",
-           "experts ms", "rest ms"]
+           "experts ms", "rest ms", "peak MiB"]
 
 
 class BF16GroupedMLP(nn.Module):
@@ -168,6 +171,18 @@ def median_ms(fn, device, steps: int, warmup: int) -> float:
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def step_peak_mib(step, device):
+    """One step's peak device memory in MiB above what was allocated before it; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def slowest(value: float, device) -> float:
@@ -271,6 +286,7 @@ def run_implementation(impl: str, args, device) -> dict:
     if impl == "nvfp4" and counters["nvfp4"]["sites_rewritten"] == sites:
         raise RuntimeError("the nvfp4 backend rewrote no site in the layer: the nvfp4 row would not be NVFP4")
     step_ms = median_ms(step, device, args.steps, args.warmup)
+    peak = step_peak_mib(step, device)
     finite = all_ranks(bool(torch.isfinite(out["y"]).all() and torch.isfinite(x.grad).all()), device)
     a2a, rows, sizes = all_to_all_ms(layer, x.detach(), device, args.steps, args.warmup)
     alone = experts_ms(experts, backend, rows, sizes, args.hidden, device, args.steps, args.warmup)
@@ -278,13 +294,15 @@ def run_implementation(impl: str, args, device) -> dict:
     return {"implementation": impl, "world": world, "tokens_per_rank": args.tokens,
             "rows_per_rank_max": int(slowest(rows, device)), "step_ms": step_ms,
             "tokens_per_s_per_gpu": args.tokens / step_ms * 1e3, "a2a_ms": a2a, "experts_ms": alone,
-            "rest_ms": step_ms - a2a - alone, "first_step_s": slowest(first_s, device), "finite": finite}
+            "rest_ms": step_ms - a2a - alone, "peak_mib": None if peak is None else slowest(peak, device),
+            "first_step_s": slowest(first_s, device), "finite": finite}
 
 
 def table_rows(results: list[dict]) -> list[list[str]]:
     return [[r["world"], r["implementation"], r["tokens_per_rank"], r["rows_per_rank_max"], f"{r['step_ms']:.3f}",
              f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['a2a_ms']:.3f}", f"{100 * r['a2a_ms'] / r['step_ms']:.0f}",
-             f"{r['experts_ms']:.3f}", f"{r['rest_ms']:.3f}"] for r in results]
+             f"{r['experts_ms']:.3f}", f"{r['rest_ms']:.3f}",
+             "-" if r.get("peak_mib") is None else f"{r['peak_mib']:.0f}"] for r in results]
 
 
 def merge(paths) -> str:

@@ -86,6 +86,7 @@ def test_a_row_per_implementation_with_finite_positive_numbers(top1):
         assert row["finite"], f"{row['implementation']}: non-finite output or dX on some rank"
         assert row["tokens_per_rank"] == 64 and row["rows_per_rank_max"] >= 64 // 2  # 2 ranks, top-1
         assert math.isclose(row["tokens_per_s_per_gpu"], 64 / row["step_ms"] * 1e3)
+        assert row["peak_mib"] is None  # CUDA memory only; the table shows "-"
 
 
 def test_the_rest_column_is_the_step_less_its_parts(top1):
