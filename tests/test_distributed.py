@@ -4,7 +4,9 @@ backend, and rank-aware stochastic rounding, in real process groups.
 One launch runs every scenario of ``distributed_scenarios.py`` in 2 processes (gloo, CPU;
 ``compiler="aot_eager"`` except one Inductor case), so torch's import and each compile are
 paid once per process; each test below reads its scenario's verdict from every rank.
-``pytest -m gpu`` runs the FSDP2 and expert-parallel scenarios with world size 1 over NCCL.
+``pytest -m gpu`` runs the FSDP2 and expert-parallel scenarios with world size 1 over NCCL,
+and, on a machine with two or more GPUs, the same scenarios in 2 ranks over NCCL (one GPU a
+rank). The DTensor and SR scenarios make their tensors on the CPU, so they run with gloo only.
 """
 
 import pytest
@@ -43,3 +45,16 @@ def gpu_results(tmp_path_factory):
 @pytest.mark.parametrize("name", scenarios.GPU_SCENARIOS)
 def test_world_size_one_over_nccl(gpu_results, name):
     _verdict(gpu_results, name)
+
+
+@pytest.fixture(scope="module")
+def two_gpu_results(tmp_path_factory):
+    if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
+        pytest.skip("needs 2 CUDA devices and NCCL")
+    return scenarios.launch(2, tmp_path_factory.mktemp("dist_2gpu"), device="cuda", timeout=900)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", scenarios.GPU_SCENARIOS)
+def test_two_ranks_over_nccl(two_gpu_results, name):
+    _verdict(two_gpu_results, name)
