@@ -67,9 +67,8 @@ SR_SINGLE = nv.Recipe(sr_per_rank=False)  # SR on, reproducible by a single proc
 RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
-CPU_SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph",
-                 "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
-GPU_SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph")
+SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph",
+             "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
 
 
 # ----------------------------------------------------------------------------- launching
@@ -109,7 +108,7 @@ def launch(world_size: int, out_dir, *, device: str = "cpu", scenarios=(), timeo
             proc.kill()
             proc.wait()
         log.close()
-    names = scenarios or (GPU_SCENARIOS if device == "cuda" else CPU_SCENARIOS)
+    names = scenarios or SCENARIOS
     results = {}
     for rank in range(world_size):
         path = out_dir / f"rank{rank}.json"
@@ -317,8 +316,8 @@ def _distributed_mlp(ctx, placement, recipe):
     from torch.distributed.tensor import distribute_tensor
 
     torch.manual_seed(0)
-    plain = nv.GroupedMLP(G, H, F, recipe=recipe)
-    mlp = nv.GroupedMLP(G, H, F, recipe=recipe)
+    plain = nv.GroupedMLP(G, H, F, recipe=recipe, device=ctx.device)
+    mlp = nv.GroupedMLP(G, H, F, recipe=recipe, device=ctx.device)
     for name in ("fc1_weight", "fc2_weight"):
         setattr(mlp, name, nn.Parameter(distribute_tensor(getattr(plain, name).detach(), ctx.mesh, [placement])))
     return mlp, plain
@@ -344,12 +343,12 @@ def dtensor_shard0(ctx):
     mlp, plain = _distributed_mlp(ctx, Shard(0), SR_SINGLE)
     local = G // ctx.world
     mine = slice(ctx.rank * local, (ctx.rank + 1) * local)
-    twin = nv.GroupedMLP(local, H, F, recipe=SR_SINGLE)  # the local run
+    twin = nv.GroupedMLP(local, H, F, recipe=SR_SINGLE, device=ctx.device)  # the local run
     with torch.no_grad():
         twin.fc1_weight.copy_(plain.fc1_weight[mine])
         twin.fc2_weight.copy_(plain.fc2_weight[mine])
-    x, _, p, dy = tokens(ctx.rank, "cpu")
-    sizes = torch.tensor([T // 3, T - T // 3] if local == 2 else [T // local] * local)
+    x, _, p, dy = tokens(ctx.rank, ctx.device)
+    sizes = torch.tensor([T // 3, T - T // 3] if local == 2 else [T // local] * local, device=ctx.device)
     expected = _grads(twin, x, sizes, p, dy)
     for compiled in (False, True):
         fresh_counters()
@@ -370,8 +369,8 @@ def dtensor_shard0(ctx):
 def dtensor_replicate(ctx):
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    x, _, p, dy = tokens(0, "cpu")  # replicated: every rank the same values
-    sizes = torch.tensor([10, 0, 22, T - 32])
+    x, _, p, dy = tokens(0, ctx.device)  # replicated: every rank the same values
+    sizes = torch.tensor([10, 0, 22, T - 32], device=ctx.device)
 
     def replicated(t):
         return distribute_tensor(t, ctx.mesh, [Replicate()])
@@ -409,8 +408,8 @@ def dtensor_replicate(ctx):
 def dtensor_rejections(ctx):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    x, _, p, _ = tokens(0, "cpu")
-    sizes = torch.tensor([10, 0, 22, T - 32])
+    x, _, p, _ = tokens(0, ctx.device)
+    sizes = torch.tensor([10, 0, 22, T - 32], device=ctx.device)
     checks = []
 
     def raises(label, fn, *needles):
@@ -450,8 +449,8 @@ def dtensor_rejections(ctx):
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            w1 = torch.randn(G, F, H).mul(H ** -0.5).to(BF16)
-            w2 = torch.randn(G, H, F).mul(F ** -0.5).to(BF16)
+            w1 = torch.randn(G, F, H).mul(H ** -0.5).to(ctx.device, BF16)
+            w2 = torch.randn(G, H, F).mul(F ** -0.5).to(ctx.device, BF16)
             self.w1 = nn.Parameter(distribute_tensor(w1, ctx.mesh, [Replicate()]))
             self.w2 = nn.Parameter(distribute_tensor(w2, ctx.mesh, [Replicate()]))
 
@@ -470,7 +469,7 @@ def dtensor_rejections(ctx):
     same(compiled.to_local(), experts(rep(x), offs).to_local(), "grouped_mm on DTensors, compiled vs eager")
 
     # nvfp4::quantize_weights maps a Shard(0) expert stack to Shard(0) outputs.
-    w = torch.randn(G, F, H).to(BF16)
+    w = torch.randn(G, F, H).to(ctx.device, BF16)
     sharded = torch.ops.nvfp4.quantize_weights(distribute_tensor(w, ctx.mesh, [Shard(0)]), True)
     plain = torch.ops.nvfp4.quantize_weights(w, True)
     mine = slice(ctx.rank * (G // ctx.world), (ctx.rank + 1) * (G // ctx.world))
@@ -496,8 +495,8 @@ def sr_ranks(ctx):
     folded = int(draw_seed(per_rank=True))
 
     # Bits of one SR quantization of the same tensor on every rank, seeded alike.
-    x, _, p, dy = tokens(0, "cpu")
-    sizes = torch.tensor([16, 0, 20, T - 36])
+    x, _, p, dy = tokens(0, ctx.device)
+    sizes = torch.tensor([16, 0, 20, T - 36], device=ctx.device)
 
     def codes(per_rank):
         torch.manual_seed(STEP_SEED)
@@ -507,7 +506,7 @@ def sr_ranks(ctx):
     # Gradients of a GroupedMLP step with SR (default recipe, then sr_per_rank=False).
     def step(recipe, compiled=False):
         torch.manual_seed(0)
-        mlp = nv.GroupedMLP(G, H, F, recipe=recipe)
+        mlp = nv.GroupedMLP(G, H, F, recipe=recipe, device=ctx.device)
         fn = mlp
         if compiled:
             fresh_counters()
@@ -560,7 +559,7 @@ def main(argv=None) -> int:
     backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     ctx = Context(args.device)
-    names = args.scenarios or (GPU_SCENARIOS if args.device == "cuda" else CPU_SCENARIOS)
+    names = args.scenarios or SCENARIOS
     results = {}
     for name in names:
         start = time.perf_counter()

@@ -4,9 +4,8 @@ backend, and rank-aware stochastic rounding, in real process groups.
 One launch runs every scenario of ``distributed_scenarios.py`` in 2 processes (gloo, CPU;
 ``compiler="aot_eager"`` except one Inductor case), so torch's import and each compile are
 paid once per process; each test below reads its scenario's verdict from every rank.
-``pytest -m gpu`` runs the FSDP2 and expert-parallel scenarios with world size 1 over NCCL,
-and, on a machine with two or more GPUs, the same scenarios in 2 ranks over NCCL (one GPU a
-rank). The DTensor and SR scenarios make their tensors on the CPU, so they run with gloo only.
+``pytest -m gpu`` runs them with world size 1 over NCCL and, on a machine with two or more
+GPUs, in 2 ranks over NCCL (one GPU a rank).
 """
 
 import pytest
@@ -29,7 +28,7 @@ def _verdict(results: dict, name: str) -> None:
     assert not failed, "\n".join(f"rank {rank}: {detail}" for rank, detail in failed.items())
 
 
-@pytest.mark.parametrize("name", scenarios.CPU_SCENARIOS)
+@pytest.mark.parametrize("name", scenarios.SCENARIOS)
 def test_two_ranks_on_cpu(cpu_results, name):
     _verdict(cpu_results, name)
 
@@ -42,7 +41,7 @@ def gpu_results(tmp_path_factory):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", scenarios.GPU_SCENARIOS)
+@pytest.mark.parametrize("name", scenarios.SCENARIOS)
 def test_world_size_one_over_nccl(gpu_results, name):
     _verdict(gpu_results, name)
 
@@ -55,6 +54,6 @@ def two_gpu_results(tmp_path_factory):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", scenarios.GPU_SCENARIOS)
+@pytest.mark.parametrize("name", scenarios.SCENARIOS)
 def test_two_ranks_over_nccl(two_gpu_results, name):
     _verdict(two_gpu_results, name)
