@@ -33,27 +33,17 @@ def test_two_ranks_on_cpu(cpu_results, name):
     _verdict(cpu_results, name)
 
 
-@pytest.fixture(scope="module")
-def gpu_results(tmp_path_factory):
-    if not torch.cuda.is_available() or not dist.is_nccl_available():
-        pytest.skip("needs a CUDA device and NCCL")
-    return scenarios.launch(1, tmp_path_factory.mktemp("dist_gpu"), device="cuda", timeout=600)
+@pytest.fixture(scope="module", params=[1, 2], ids=["world1", "world2"])
+def nccl_results(request, tmp_path_factory):
+    """Every scenario over NCCL, one GPU a rank: world size 1 on any CUDA machine, 2 where
+    two GPUs exist."""
+    world = request.param
+    if torch.cuda.device_count() < world or not dist.is_nccl_available():
+        pytest.skip(f"needs {world} CUDA device(s) and NCCL")
+    return scenarios.launch(world, tmp_path_factory.mktemp(f"dist_nccl{world}"), device="cuda", timeout=900)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", scenarios.SCENARIOS)
-def test_world_size_one_over_nccl(gpu_results, name):
-    _verdict(gpu_results, name)
-
-
-@pytest.fixture(scope="module")
-def two_gpu_results(tmp_path_factory):
-    if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
-        pytest.skip("needs 2 CUDA devices and NCCL")
-    return scenarios.launch(2, tmp_path_factory.mktemp("dist_2gpu"), device="cuda", timeout=900)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", scenarios.SCENARIOS)
-def test_two_ranks_over_nccl(two_gpu_results, name):
-    _verdict(two_gpu_results, name)
+def test_over_nccl(nccl_results, name):
+    _verdict(nccl_results, name)
