@@ -66,10 +66,13 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks
     device value -- no host read, so CUDA graphs replay fresh draws; an int is filled in."""
     if not stochastic_rounding:
         return None
+    def too_many() -> str:
+        return f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range"
+
     if isinstance(blocks, torch.SymInt):  # traced: a guard, or for a data-dependent size a run-time assert
-        torch._check(blocks < 2**32, lambda: f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
+        torch._check(blocks < 2**32, too_many)
     elif blocks >= 2**32:
-        raise ValueError(f"stochastic rounding: {blocks} blocks exceed the 2**32 Philox counter range")
+        raise ValueError(too_many())
     if seed is None:
         seed = draw_seed(device)
     if isinstance(seed, torch.Tensor):

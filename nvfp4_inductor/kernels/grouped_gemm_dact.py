@@ -149,7 +149,7 @@ def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
     dc = c.new_empty(c.shape, dtype=torch.bfloat16)
     dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
-    if is_zero(tokens) or f == 0 or b_amax.shape[0] == 0:  # K == 0 runs
+    if is_zero(tokens) or f == 0 or group_sizes.shape[0] == 0:  # no experts; K == 0 runs
         return dc, dp, d
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
     cfg = epilogue_config("dact", act, a.device)
