@@ -4,7 +4,7 @@ its main at the tiny shape (compiler="aot_eager") gives every row with finite nu
 floor's byte model equals the bytes the Triton lowering's casts, amax passes and
 dequantizations read and write; the py-spy output parser; the option checks; and CPU runs
 of the other H200 benchmarks whose failure would waste device time (compile_time.py,
-cast_sass.py, epilogue_sass.py, cast_tiles.py)."""
+cast_sass.py, epilogue_sass.py, cast_tiles.py, model_step.py)."""
 
 import collections
 import importlib
@@ -160,6 +160,26 @@ def test_compile_time_benchmark_runs_on_cpu():
         assert cells["analyses (reused)"] == "0 (0)"  # the CPU's reference target is never traced as launches
     with pytest.raises(SystemExit):
         compile_time.main(["--device", "cpu", "--layers", "0"])
+
+
+def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
+    """benchmarks/model_step.py (transformers MoE models, unchanged, BF16 against the
+    backend): at tiny sizes, both cases give a row per implementation with finite numbers,
+    and the backend rewrites the block's grouped MLP and every decoder layer's, with no
+    graph break in the model's code."""
+    import model_step
+
+    rows = model_step.main(["--device", "cpu", "--tiny", "--compiler", "aot_eager", "--families", "qwen3_moe",
+                            "--tokens", "256", "--layers", "2", "--seq", "64"])
+    assert [(r[0], r[4]) for r in rows] == [(case, name) for case in ("block", "model")
+                                            for name in model_step.IMPLEMENTATIONS]
+    for row in rows:
+        cells = dict(zip(model_step.HEADERS, row))
+        assert cells["note"] == "" and cells["graph breaks"] == "0", cells
+        assert all(_finite(cells[k]) for k in ("ms", "vs bf16", "host ms", "first s")), cells
+        assert cells["peak GiB"] == "-"  # no allocator statistics on the CPU
+    assert [dict(zip(model_step.HEADERS, r))["sites"] for r in rows] == ["-", "1/1", "-", "2/2"]
+    assert [r[3] for r in rows] == ["256", "256", "128", "128"]
 
 
 def _main_in_child(script: str, argv: list[str], tmp_path) -> list[list[str]]:

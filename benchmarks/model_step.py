@@ -1,0 +1,259 @@
+"""Question: what does a transformers MoE model, unchanged, cost per training step with the
+backend, against BF16 under stock Inductor in the same process? (benchmarks/grouped_mlp.py
+measures our GroupedMLP alone; this runs the models users bring, routers, attention and
+all, through ``torch.compile(model, backend="nvfp4")``.)
+
+Families, each at its published sizes (experts, H, F, top-k; transformers' default config,
+OLMoE's F set to OLMoE-1B-7B's 1024):
+  mixtral    8 experts, H 4096, F 14336, top-2, SwiGLU
+  olmoe      64 experts, H 2048, F 1024, top-8, SwiGLU
+  qwen3_moe  128 experts, H 2048, F 768, top-8, SwiGLU
+Cases:
+  block      the first decoder layer's sparse MoE block (router + experts) on --tokens hidden
+             states; loss = mean square of its output, gradients of the block's weights and
+             of its input;
+  model      the whole CausalLM with --layers decoder layers on --batch x --seq random token
+             ids, its own cross-entropy loss on them as labels, gradients of every weight.
+Weights and activations in bf16 (no fp32 master weights, no optimizer step), the experts on
+transformers' "grouped_mm" implementation (what the backend matches). Routing comes from the
+randomly initialised router, the same for both rows (same seed).
+
+Rows: "bf16 compiled" (stock Inductor, the baseline), then "nvfp4 compiled"
+(backend="nvfp4"), each on a fresh build of the model, compiled with dynamic=False.
+Columns:
+  ms, vs bf16     forward + backward, median of triton.testing.do_bench (L2 flushed).
+  host ms         time to enqueue one step without waiting for the GPU (two steps back to back,
+                  median of five rounds): where it reaches "ms" the step is host-bound (or
+                  waited on a full launch queue: a whole model launches hundreds of kernels).
+  peak GiB        peak allocated during one step above what was allocated before it (weights
+                  and inputs excluded, gradients included); CUDA only.
+  first s         the first step: Dynamo, AOTAutograd, Inductor and Triton compiles, with
+                  whatever Inductor's and Triton's caches on this machine already hold.
+  sites           grouped MLPs the backend rewrote / found (counters["nvfp4"]); "-" for BF16.
+  graph breaks    Dynamo's graph breaks in the compile (the model's own code).
+
+    python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
+        [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
+        [--compiler inductor|aot_eager] [--tiny]
+
+Needs transformers (the test extra). ``--device cpu --tiny --compiler aot_eager`` is the CPU
+smoke run (tests/test_benchmark_grouped_mlp_smoke.py): tiny sizes, perf_counter timing, no peak.
+Each row is printed as it finishes and the table last; SIGINT (``timeout -s INT``) prints the
+rows measured so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import warnings
+from typing import Callable, NamedTuple, Optional
+
+import torch
+from torch._dynamo.utils import counters
+
+from grouped_mlp import bench_ms, host_ms, sync  # the same timers as the expert-block table
+from nvfp4_inductor.inspection import format_table
+
+# Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
+FAMILIES = {
+    "mixtral": ("MixtralConfig", {}),
+    "olmoe": ("OlmoeConfig", {"intermediate_size": 1024}),
+    "qwen3_moe": ("Qwen3MoeConfig", {}),
+}
+# --tiny: every family at CPU size (hidden 64, 4 experts of width 32, top-2, a 128-token vocab).
+TINY = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, num_experts=4, num_local_experts=4,
+            num_experts_per_tok=2, vocab_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+            max_position_embeddings=256)
+IMPLEMENTATIONS = {"bf16 compiled": "inductor", "nvfp4 compiled": "nvfp4"}
+HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "ms", "vs bf16", "host ms", "peak GiB",
+           "peak/bf16", "first s", "sites", "graph breaks", "note"]
+
+
+def config_for(family: str, layers: int, tiny: bool):
+    import transformers
+
+    name, published = FAMILIES[family]
+    config = getattr(transformers, name)(**(TINY if tiny else published))
+    config.num_hidden_layers = layers
+    if hasattr(config, "mlp_only_layers"):  # Qwen3-MoE: every layer sparse
+        config.mlp_only_layers = []
+    return config
+
+
+def sizes_of(config) -> str:
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    ffn = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return f"{experts}, {config.hidden_size}, {ffn}, {config.num_experts_per_tok}"
+
+
+def build_model(config, device):
+    """The CausalLM on `device`, bf16, experts on transformers' grouped_mm implementation."""
+    import transformers
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings(), torch.device(device):
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm",
+                                                             dtype=torch.bfloat16)
+
+
+class BlockLoss(torch.nn.Module):
+    """Mean square of an MoE block's output: a scalar loss over the block alone."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, hidden_states):
+        out = self.block(hidden_states)
+        out = out[0] if isinstance(out, tuple) else out  # releases that also return router logits
+        return out.float().square().mean()
+
+
+class ModelLoss(torch.nn.Module):
+    """The CausalLM's own loss with the input ids as labels."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, labels=input_ids).loss
+
+
+class Case(NamedTuple):
+    module: torch.nn.Module  # returns the scalar loss
+    inputs: tuple
+    wrt: list  # what the step differentiates
+    tokens: int
+
+
+def make_case(case: str, config, opts) -> Case:
+    model = build_model(config, opts.device)
+    gen = torch.Generator(device=opts.device).manual_seed(1)
+    if case == "block":
+        block = model.model.layers[0].mlp
+        del model
+        x = torch.randn(1, opts.tokens, config.hidden_size, device=opts.device, generator=gen,
+                        dtype=torch.bfloat16).requires_grad_()
+        return Case(BlockLoss(block), (x,), list(block.parameters()) + [x], opts.tokens)
+    ids = torch.randint(config.vocab_size, (opts.batch, opts.seq), device=opts.device, generator=gen)
+    return Case(ModelLoss(model), (ids,), list(model.parameters()), opts.batch * opts.seq)
+
+
+class Measured(NamedTuple):
+    ms: float
+    host: float
+    peak: Optional[int]
+    first_s: float
+    sites: str
+    graph_breaks: int
+
+
+def training_step(compiled, c: Case) -> Callable[[], None]:
+    def step():
+        torch.autograd.grad(compiled(*c.inputs), c.wrt)
+
+    return step
+
+
+def measure(c: Case, backend: str, opts) -> Measured:
+    counters.clear()
+    compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), dynamic=False)
+    step = training_step(compiled, c)
+    start = time.perf_counter()
+    step()
+    sync(opts.device)
+    first_s = time.perf_counter() - start
+    peak = None
+    if opts.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        peak = torch.cuda.max_memory_allocated() - base
+    found = counters["nvfp4"]["sites_rewritten"] + counters["nvfp4"]["sites_rejected"]
+    sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend == "nvfp4" else "-"
+    graph_breaks = sum(counters["graph_break"].values())
+    return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
+                    first_s, sites, graph_breaks)
+
+
+def _backend(name: str, compiler: str):
+    if name == "nvfp4":
+        import nvfp4_inductor as nv
+
+        return nv.backend(compiler=compiler)
+    return compiler
+
+
+def _ratio(value, base) -> str:
+    return f"{value / base:.2f}" if value is not None and base else "-"
+
+
+def run(case: str, family: str, opts, clock):
+    """Yields the rows of one case and family, each printed when done."""
+    config = config_for(family, 1 if case == "block" else opts.layers, opts.tiny)
+    base = None
+    for name, backend in IMPLEMENTATIONS.items():
+        lead = [case, family, sizes_of(config), "-", name]
+        try:
+            c = make_case(case, config, opts)
+            lead[3] = str(c.tokens)
+            m = measure(c, backend, opts)
+        except Exception as error:  # a failing row is reported, not hidden
+            row = lead + ["-"] * (len(HEADERS) - len(lead) - 1) + [f"failed: {type(error).__name__}: {error}"[:100]]
+        else:
+            base = m if backend == "inductor" else base
+            row = lead + [f"{m.ms:.2f}", _ratio(m.ms, base and base.ms), f"{m.host:.2f}",
+                          "-" if m.peak is None else f"{m.peak / 2**30:.2f}", _ratio(m.peak, base and base.peak),
+                          f"{m.first_s:.1f}", m.sites, str(m.graph_breaks), ""]
+        finally:
+            c = None  # the next row builds its own model: free this one's memory first
+            torch._dynamo.reset()  # (Dynamo's caches hold the compiled module)
+            gc.collect()
+            if opts.device == "cuda":
+                torch.cuda.empty_cache()
+        clock(" | ".join(row))
+        yield row
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--cases", nargs="+", default=["block", "model"], choices=["block", "model"])
+    parser.add_argument("--tokens", type=int, default=8192, help="hidden states through the block case")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers of the model case")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"],
+                        help="what compiles every row (aot_eager: a fast CPU smoke run)")
+    parser.add_argument("--tiny", action="store_true", help="CPU sizes for every family (smoke run)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[list[str]]:
+    """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
+    opts = parse_args(argv)
+    start = time.perf_counter()
+
+    def clock(line):
+        print(f"[{time.perf_counter() - start:5.0f} s] {line}", flush=True)
+
+    # Dynamo warns once per transformers helper it traces through (lru_cache wrappers): not ours to fix
+    warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
+    rows = []
+    try:
+        for case in opts.cases:
+            for family in opts.families:
+                rows.extend(run(case, family, opts, clock))
+    except KeyboardInterrupt:  # timeout -s INT: keep what was measured
+        clock("interrupted; the rows measured so far:")
+    print(format_table(HEADERS, rows), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
