@@ -29,6 +29,7 @@ Columns:
                   and inputs excluded, gradients included); CUDA only.
   first s         the first step: Dynamo, AOTAutograd, Inductor and Triton compiles, with
                   whatever Inductor's and Triton's caches on this machine already hold.
+  loss            the first step's loss (the same weights and data in both rows).
   sites           grouped MLPs the backend rewrote / found (counters["nvfp4"]); "-" for BF16.
   graph breaks    Dynamo's graph breaks in the compile (the model's own code).
 
@@ -68,7 +69,7 @@ TINY = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, num_
             max_position_embeddings=256)
 IMPLEMENTATIONS = {"bf16 compiled": "inductor", "nvfp4 compiled": "nvfp4"}
 HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "ms", "vs bf16", "host ms", "peak GiB",
-           "peak/bf16", "first s", "sites", "graph breaks", "note"]
+           "peak/bf16", "first s", "loss", "sites", "graph breaks", "note"]
 
 
 def config_for(family: str, layers: int, tiny: bool):
@@ -148,6 +149,7 @@ class Measured(NamedTuple):
     host: float
     peak: Optional[int]
     first_s: float
+    loss: float
     sites: str
     graph_breaks: int
 
@@ -164,7 +166,8 @@ def measure(c: Case, backend: str, opts) -> Measured:
     compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), dynamic=False)
     step = training_step(compiled, c)
     start = time.perf_counter()
-    step()
+    loss = compiled(*c.inputs)
+    torch.autograd.grad(loss, c.wrt)
     sync(opts.device)
     first_s = time.perf_counter() - start
     peak = None
@@ -177,7 +180,7 @@ def measure(c: Case, backend: str, opts) -> Measured:
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend == "nvfp4" else "-"
     graph_breaks = sum(counters["graph_break"].values())
     return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
-                    first_s, sites, graph_breaks)
+                    first_s, loss.item(), sites, graph_breaks)
 
 
 def _backend(name: str, compiler: str):
@@ -208,7 +211,7 @@ def run(case: str, family: str, opts, clock):
             base = m if backend == "inductor" else base
             row = lead + [f"{m.ms:.2f}", _ratio(m.ms, base and base.ms), f"{m.host:.2f}",
                           "-" if m.peak is None else f"{m.peak / 2**30:.2f}", _ratio(m.peak, base and base.peak),
-                          f"{m.first_s:.1f}", m.sites, str(m.graph_breaks), ""]
+                          f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks), ""]
         finally:
             c = None  # the next row builds its own model: free this one's memory first
             torch._dynamo.reset()  # (Dynamo's caches hold the compiled module)
