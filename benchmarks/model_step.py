@@ -21,6 +21,9 @@ randomly initialised router, the same for both rows (same seed).
 Rows: "bf16 compiled" (stock Inductor, the baseline), then "nvfp4 compiled"
 (backend="nvfp4"), each on a fresh build of the model, compiled with dynamic=False.
 Columns:
+  graphs          CUDA graphs off, or on: both rows compiled with mode="reduce-overhead"
+                  (Inductor's CUDA graph trees); no peak then (replays bypass the caching
+                  allocator), and the note says "graphs skipped" where Inductor declined them.
   ms, vs bf16     forward + backward, median of triton.testing.do_bench (L2 flushed).
   host ms         time to enqueue one step without waiting for the GPU (two steps back to back,
                   median of five rounds): where it reaches "ms" the step is host-bound (or
@@ -35,7 +38,7 @@ Columns:
 
     python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
         [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
-        [--compiler inductor|aot_eager] [--tiny]
+        [--compiler inductor|aot_eager] [--graphs off on] [--tiny]
 
 Needs transformers (the test extra). ``--device cpu --tiny --compiler aot_eager`` is the CPU
 smoke run (tests/test_benchmark_grouped_mlp_smoke.py): tiny sizes, perf_counter timing, no peak.
@@ -68,7 +71,7 @@ TINY = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, num_
             num_experts_per_tok=2, vocab_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             max_position_embeddings=256)
 IMPLEMENTATIONS = {"bf16 compiled": "inductor", "nvfp4 compiled": "nvfp4"}
-HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "ms", "vs bf16", "host ms", "peak GiB",
+HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "graphs", "ms", "vs bf16", "host ms", "peak GiB",
            "peak/bf16", "first s", "loss", "sites", "graph breaks", "note"]
 
 
@@ -152,26 +155,33 @@ class Measured(NamedTuple):
     loss: float
     sites: str
     graph_breaks: int
+    graphs_skipped: bool
 
 
-def training_step(compiled, c: Case) -> Callable[[], None]:
+def training_step(compiled, c: Case, graphs: bool) -> Callable[[], None]:
+    """With graphs, each step first tells Inductor's CUDA graph trees that an iteration
+    begins (no step reads the previous one's outputs)."""
+
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         torch.autograd.grad(compiled(*c.inputs), c.wrt)
 
     return step
 
 
-def measure(c: Case, backend: str, opts) -> Measured:
+def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     counters.clear()
-    compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), dynamic=False)
-    step = training_step(compiled, c)
+    mode = "reduce-overhead" if graphs else None
+    compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), mode=mode, dynamic=False)
+    step = training_step(compiled, c, graphs)
     start = time.perf_counter()
     loss = compiled(*c.inputs)
     torch.autograd.grad(loss, c.wrt)
-    sync(opts.device)
+    loss = loss.item()  # now: a later replay may overwrite a graph's output
     first_s = time.perf_counter() - start
     peak = None
-    if opts.device == "cuda":
+    if opts.device == "cuda" and not graphs:  # replays bypass the caching allocator
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         step()
@@ -180,7 +190,7 @@ def measure(c: Case, backend: str, opts) -> Measured:
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend == "nvfp4" else "-"
     graph_breaks = sum(counters["graph_break"].values())
     return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
-                    first_s, loss.item(), sites, graph_breaks)
+                    first_s, loss, sites, graph_breaks, counters["inductor"]["cudagraph_skips"] > 0)
 
 
 def _backend(name: str, compiler: str):
@@ -195,23 +205,24 @@ def _ratio(value, base) -> str:
     return f"{value / base:.2f}" if value is not None and base else "-"
 
 
-def run(case: str, family: str, opts, clock):
-    """Yields the rows of one case and family, each printed when done."""
+def run(case: str, family: str, graphs: bool, opts, clock):
+    """Yields the rows of one case, family and graphs setting, each printed when done."""
     config = config_for(family, 1 if case == "block" else opts.layers, opts.tiny)
     base = None
     for name, backend in IMPLEMENTATIONS.items():
-        lead = [case, family, sizes_of(config), "-", name]
+        lead = [case, family, sizes_of(config), "-", name, "on" if graphs else "off"]
         try:
             c = make_case(case, config, opts)
             lead[3] = str(c.tokens)
-            m = measure(c, backend, opts)
+            m = measure(c, backend, graphs, opts)
         except Exception as error:  # a failing row is reported, not hidden
             row = lead + ["-"] * (len(HEADERS) - len(lead) - 1) + [f"failed: {type(error).__name__}: {error}"[:100]]
         else:
             base = m if backend == "inductor" else base
             row = lead + [f"{m.ms:.2f}", _ratio(m.ms, base and base.ms), f"{m.host:.2f}",
                           "-" if m.peak is None else f"{m.peak / 2**30:.2f}", _ratio(m.peak, base and base.peak),
-                          f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks), ""]
+                          f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks),
+                          "graphs skipped" if m.graphs_skipped else ""]
         finally:
             c = None  # the next row builds its own model: free this one's memory first
             torch._dynamo.reset()  # (Dynamo's caches hold the compiled module)
@@ -233,8 +244,14 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"],
                         help="what compiles every row (aot_eager: a fast CPU smoke run)")
+    parser.add_argument("--graphs", nargs="+", default=["off"], choices=["off", "on"],
+                        help="CUDA graphs (mode='reduce-overhead', both rows) off, on, or both")
     parser.add_argument("--tiny", action="store_true", help="CPU sizes for every family (smoke run)")
-    return parser.parse_args(argv)
+    opts = parser.parse_args(argv)
+    opts.graphs = [g == "on" for g in opts.graphs]
+    if True in opts.graphs and (opts.device != "cuda" or opts.compiler != "inductor"):
+        parser.error("--graphs on needs --device cuda and --compiler inductor (CUDA graphs are an Inductor mode)")
+    return opts
 
 
 def main(argv=None) -> list[list[str]]:
@@ -251,7 +268,8 @@ def main(argv=None) -> list[list[str]]:
     try:
         for case in opts.cases:
             for family in opts.families:
-                rows.extend(run(case, family, opts, clock))
+                for graphs in opts.graphs:
+                    rows.extend(run(case, family, graphs, opts, clock))
     except KeyboardInterrupt:  # timeout -s INT: keep what was measured
         clock("interrupted; the rows measured so far:")
     print(format_table(HEADERS, rows), flush=True)

@@ -171,8 +171,8 @@ def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
 
     rows = model_step.main(["--device", "cpu", "--tiny", "--compiler", "aot_eager", "--families", "qwen3_moe",
                             "--tokens", "256", "--layers", "2", "--seq", "64"])
-    assert [(r[0], r[4]) for r in rows] == [(case, name) for case in ("block", "model")
-                                            for name in model_step.IMPLEMENTATIONS]
+    assert [(r[0], r[4], r[5]) for r in rows] == [(case, name, "off") for case in ("block", "model")
+                                                  for name in model_step.IMPLEMENTATIONS]
     for row in rows:
         cells = dict(zip(model_step.HEADERS, row))
         assert cells["note"] == "" and cells["graph breaks"] == "0", cells
@@ -180,6 +180,8 @@ def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
         assert cells["peak GiB"] == "-"  # no allocator statistics on the CPU
     assert [dict(zip(model_step.HEADERS, r))["sites"] for r in rows] == ["-", "1/1", "-", "2/2"]
     assert [r[3] for r in rows] == ["256", "256", "128", "128"]
+    with pytest.raises(SystemExit):  # CUDA graphs need a GPU
+        model_step.main(["--device", "cpu", "--graphs", "on"])
 
 
 def _main_in_child(script: str, argv: list[str], tmp_path) -> list[list[str]]:
