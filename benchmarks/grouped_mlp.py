@@ -629,29 +629,46 @@ def parse_args(argv=None):
     return opts
 
 
-def main(argv=None) -> list[list[str]]:
-    """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
-    opts = parse_args(argv)
+def progress_clock():
+    """A progress printer: each line prefixed with the seconds since this call."""
     start = time.perf_counter()
 
     def clock(line):
         print(f"[{time.perf_counter() - start:5.0f} s] {line}", flush=True)
 
+    return clock
+
+
+def table_of(rows, headers, clock) -> list[list[str]]:
+    """Collect the rows a generator yields (each printed by it as measured) and print the table
+    last; SIGINT (``timeout -s INT``) ends the collection and keeps what was measured."""
+    done = []
+    try:
+        for row in rows:
+            done.append(row)
+    except KeyboardInterrupt:
+        clock("interrupted; the rows measured so far:")
+    print(format_table(headers, done), flush=True)
+    return done
+
+
+def main(argv=None) -> list[list[str]]:
+    """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
+    opts = parse_args(argv)
+    clock = progress_clock()
     opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
     if opts.host_sample and not opts.py_spy:
         clock("--host-sample: py-spy not found on PATH; no host samples (the module docstring says how to carry it)")
     bytes_per_ms = copy_rate(opts.device)
     clock(f"copy rate {bytes_per_ms / 1e6:.1f} GB/s (read + write of {COPY_BYTES[opts.device] / 2**20:.0f} MiB)")
-    rows = []
-    try:
+
+    def rows():
         for shape in opts.shapes:
             for activation in opts.activations:
-                rows.extend(run_case(shape, activation, opts, bytes_per_ms, clock))
+                yield from run_case(shape, activation, opts, bytes_per_ms, clock)
                 torch._dynamo.reset()  # the next shape compiles afresh (and the graph trees' memory goes)
-    except KeyboardInterrupt:  # timeout -s INT: keep what was measured
-        clock("interrupted; the rows measured so far:")
-    print(format_table(HEADERS, rows), flush=True)
-    return rows
+
+    return table_of(rows(), HEADERS, clock)
 
 
 if __name__ == "__main__":

@@ -57,8 +57,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, sync  # the same timers as the expert-block table
-from nvfp4_inductor.inspection import format_table
+from grouped_mlp import bench_ms, host_ms, progress_clock, sync, table_of  # the expert-block table's timers
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -257,23 +256,17 @@ def parse_args(argv=None):
 def main(argv=None) -> list[list[str]]:
     """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
     opts = parse_args(argv)
-    start = time.perf_counter()
-
-    def clock(line):
-        print(f"[{time.perf_counter() - start:5.0f} s] {line}", flush=True)
-
+    clock = progress_clock()
     # Dynamo warns once per transformers helper it traces through (lru_cache wrappers): not ours to fix
     warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
-    rows = []
-    try:
+
+    def rows():
         for case in opts.cases:
             for family in opts.families:
                 for graphs in opts.graphs:
-                    rows.extend(run(case, family, graphs, opts, clock))
-    except KeyboardInterrupt:  # timeout -s INT: keep what was measured
-        clock("interrupted; the rows measured so far:")
-    print(format_table(HEADERS, rows), flush=True)
-    return rows
+                    yield from run(case, family, graphs, opts, clock)
+
+    return table_of(rows(), HEADERS, clock)
 
 
 if __name__ == "__main__":
