@@ -57,7 +57,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, progress_clock, sync, table_of  # the expert-block table's timers
+from grouped_mlp import bench_ms, host_ms, progress_clock, table_of  # the expert-block table's timers
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -70,8 +70,8 @@ TINY = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, num_
             num_experts_per_tok=2, vocab_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             max_position_embeddings=256)
 IMPLEMENTATIONS = {"bf16 compiled": "inductor", "nvfp4 compiled": "nvfp4"}
-HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "graphs", "ms", "vs bf16", "host ms", "peak GiB",
-           "peak/bf16", "first s", "loss", "sites", "graph breaks", "note"]
+HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "graphs", "ms", "vs bf16", "host ms",
+           "peak GiB", "peak/bf16", "first s", "loss", "sites", "graph breaks", "note"]
 
 
 def config_for(family: str, layers: int, tiny: bool):
@@ -170,6 +170,8 @@ def training_step(compiled, c: Case, graphs: bool) -> Callable[[], None]:
 
 
 def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
+    """One row: `c` compiled by `backend` ("inductor" or "nvfp4"), its first step, then its
+    peak, timed steps and host time."""
     counters.clear()
     mode = "reduce-overhead" if graphs else None
     compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), mode=mode, dynamic=False)
@@ -177,7 +179,8 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     start = time.perf_counter()
     loss = compiled(*c.inputs)
     torch.autograd.grad(loss, c.wrt)
-    loss = loss.item()  # now: a later replay may overwrite a graph's output
+    loss = loss.item()  # waits for the whole step (the backward is queued before it); read now, as
+    # a later replay may overwrite a graph's output
     first_s = time.perf_counter() - start
     peak = None
     if opts.device == "cuda" and not graphs:  # replays bypass the caching allocator
