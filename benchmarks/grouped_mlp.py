@@ -244,17 +244,21 @@ def measure(fn, args, grad, device="cuda", graphs=False) -> Measured:
     step()  # compile / warm up
     sync(device)
     first_s = time.perf_counter() - start
-    peak = saved = None
-    if device == "cuda" and not graphs:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        peak = torch.cuda.max_memory_allocated() - base
+    peak = step_peak(step) if device == "cuda" and not graphs else None
+    saved = None
     if not graphs:
         saved = saved_bytes(fn, args)
     ms = bench_ms(step, device)
     host = host_ms(step, device)
     return Measured(ms, peak, saved, host, first_s, counters["inductor"]["cudagraph_skips"] > skips)
+
+
+def step_peak(step) -> int:
+    """Bytes allocated at the peak of one more CUDA step above what was allocated before it."""
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    return torch.cuda.max_memory_allocated() - base
 
 
 def host_ms(step, device, steps=5, rounds=5) -> float:
@@ -528,7 +532,7 @@ def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=12) -> str:
 # ---------------------------------------------------------------------------------------
 # rows
 
-def _ratio(value, base) -> str:
+def ratio(value, base) -> str:
     return f"{value / base:.2f}" if value is not None and base else "-"
 
 
@@ -543,11 +547,11 @@ def table_row(shape, activation, name, graphs, m: Measured, base: Optional[Measu
     ours = name.startswith("nvfp4")
     note = "graphs skipped" if graphs and m.graphs_skipped else ""
     return [shape, activation, name, "on" if graphs else "off", f"bf16 {'on' if graphs else 'off'}",
-            _ratio(m.ms, base and base.ms), f"{m.ms:.2f}", f"{flops / m.ms / 1e9:.0f}",
-            f"{fl.ms:.2f}" if ours else "-", _ratio(fl.ms if ours else None, base and base.ms),
-            _fmt(m.peak, ".2f", 2**30), _ratio(m.peak, mem_base and mem_base.peak),
-            _fmt(m.saved, ".0f", 2**20), _ratio(m.saved, mem_base and mem_base.saved),
-            f"{m.host:.2f}", f"{m.first_s:.1f}", _ratio(m.first_s, base and base.first_s), note]
+            ratio(m.ms, base and base.ms), f"{m.ms:.2f}", f"{flops / m.ms / 1e9:.0f}",
+            f"{fl.ms:.2f}" if ours else "-", ratio(fl.ms if ours else None, base and base.ms),
+            _fmt(m.peak, ".2f", 2**30), ratio(m.peak, mem_base and mem_base.peak),
+            _fmt(m.saved, ".0f", 2**20), ratio(m.saved, mem_base and mem_base.saved),
+            f"{m.host:.2f}", f"{m.first_s:.1f}", ratio(m.first_s, base and base.first_s), note]
 
 
 def failed_row(shape, activation, name, graphs, error) -> list[str]:

@@ -57,7 +57,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, progress_clock, table_of  # the expert-block table's timers
+from grouped_mlp import bench_ms, host_ms, progress_clock, ratio, step_peak, table_of
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -182,12 +182,7 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     loss = loss.item()  # waits for the whole step (the backward is queued before it); read now, as
     # a later replay may overwrite a graph's output
     first_s = time.perf_counter() - start
-    peak = None
-    if opts.device == "cuda" and not graphs:  # replays bypass the caching allocator
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        peak = torch.cuda.max_memory_allocated() - base
+    peak = step_peak(step) if opts.device == "cuda" and not graphs else None  # replays bypass the allocator
     found = counters["nvfp4"]["sites_rewritten"] + counters["nvfp4"]["sites_rejected"]
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend == "nvfp4" else "-"
     graph_breaks = sum(counters["graph_break"].values())
@@ -201,10 +196,6 @@ def _backend(name: str, compiler: str):
 
         return nv.backend(compiler=compiler)
     return compiler
-
-
-def _ratio(value, base) -> str:
-    return f"{value / base:.2f}" if value is not None and base else "-"
 
 
 def run(case: str, family: str, graphs: bool, opts, clock):
@@ -221,8 +212,8 @@ def run(case: str, family: str, graphs: bool, opts, clock):
             row = lead + ["-"] * (len(HEADERS) - len(lead) - 1) + [f"failed: {type(error).__name__}: {error}"[:100]]
         else:
             base = m if backend == "inductor" else base
-            row = lead + [f"{m.ms:.2f}", _ratio(m.ms, base and base.ms), f"{m.host:.2f}",
-                          "-" if m.peak is None else f"{m.peak / 2**30:.2f}", _ratio(m.peak, base and base.peak),
+            row = lead + [f"{m.ms:.2f}", ratio(m.ms, base and base.ms), f"{m.host:.2f}",
+                          "-" if m.peak is None else f"{m.peak / 2**30:.2f}", ratio(m.peak, base and base.peak),
                           f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks),
                           "graphs skipped" if m.graphs_skipped else ""]
         finally:
