@@ -4,6 +4,7 @@
     nvfp4_inductor.GroupedMLP / grouped_mlp           # eager NVFP4 (the reference semantics)
     nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (docs/numerics.md 1-4)
     nvfp4_inductor.explain / dump_code / compare      # look inside and check, bitwise
+    nvfp4_inductor.reuse_weight_casts                 # cast weights once per optimizer step
 """
 
 from .compiler.backend import backend, register
@@ -12,6 +13,7 @@ from .nn import GroupedMLP, grouped_mlp
 from .quantize import group_quantize, quantize
 from .recipe import Recipe
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
+from .weight_cache import reuse_weight_casts
 
 register()
 
@@ -28,4 +30,5 @@ __all__ = [
     "group_quantize",
     "grouped_mlp",
     "quantize",
+    "reuse_weight_casts",
 ]

@@ -42,8 +42,10 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _options(recipe: Optional[Recipe], recompute: bool, compiler: str = "inductor") -> BackendOptions:
-    return BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler})
+def _options(recipe: Optional[Recipe], recompute: bool, compiler: str = "inductor",
+             reuse_weight_casts: bool = False) -> BackendOptions:
+    return BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
+                                 "reuse_weight_casts": reuse_weight_casts})
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,7 +339,8 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
         for name, t in kept
     ]
     fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=recompute,
-                              rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding)
+                              rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding,
+                              reuse_weight_casts=options.reuse_weight_casts)
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     with launches_traced(options.trace_launches):  # as the backend compiles the site
         traced = inlines(plan.target, x.device)
@@ -364,13 +367,15 @@ def _specialisation(site) -> str:
             "0/1 specialisation, so new routing rarely recompiles; the sizes still come from the host")
 
 
-def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True, **kwargs) -> ExplainReport:
+def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True,
+            reuse_weight_casts: bool = False, **kwargs) -> ExplainReport:
     """Compile `fn` with the nvfp4 backend's rewrite (``compile_apart``: the caller's
     compiled code stays), run it on `args` / `kwargs`, and report every grouped MLP
     found (where, which spelling, target and why, the steps forward and backward, what is
     saved for backward), every near-miss with the reason it was not rewritten, and the
-    graph breaks, grouped by place, with a fix where one is known."""
-    options = _options(recipe, recompute)
+    graph breaks, grouped by place, with a fix where one is known. recipe / recompute /
+    reuse_weight_casts: the backend's options."""
+    options = _options(recipe, recompute, reuse_weight_casts=reuse_weight_casts)
     graphs = _PerGraph()  # (site reports, rejections) of each graph
 
     def recording_backend(gm, example_inputs, **kw):

@@ -26,6 +26,7 @@ from .constants import BLOCK
 from .lowerings import steps_for
 from .lowerings.inline import target_op
 from .validate import check_group_sizes_values
+from .weight_cache import weight_copies
 
 LIB = "nvfp4"
 
@@ -157,8 +158,11 @@ def _(x, group_sizes, sign_mask, target=None):
 @torch.library.custom_op(f"{LIB}::quantize_weights", mutates_args=())
 def quantize_weights_op(w: Tensor, block_2d: bool,
                         target: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """NVFP4WeightStack fields of a (G, N, K) expert weight stack."""
-    return steps_for(target, w.device).quantize_weights(w, block_2d=block_2d).as_tuple()
+    """NVFP4WeightStack fields of a (G, N, K) expert weight stack; inside a
+    ``reuse_weight_casts`` block, copies of the ones kept since the block first cast `w`
+    (``weight_cache.py``: the same bits)."""
+    steps = steps_for(target, w.device)
+    return weight_copies(w, block_2d, lambda: steps.quantize_weights(w, block_2d=block_2d)).as_tuple()
 
 
 @quantize_weights_op.register_fake

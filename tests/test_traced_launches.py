@@ -380,10 +380,15 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                 if activation == "srelu" and recompute:  # control: kept whole, the op is seen
                     with launches_traced(False):
                         trace("untraced", forward, x, w1, w2, sizes, probs)
+                    # the backend option reuse_weight_casts: the weights' casts one opaque op
+                    trace("reuse", lambda *args: fused.grouped_mlp_fwd(
+                        *args, **options._asdict(), block_2d=True, fused_fc1=True, fused_amax=False,
+                        reuse_weight_casts=True), x, w1, w2, sizes, probs)
             key = f"{activation} recompute={recompute}"
             results[key] = {"fw": summarize(graphs["fw"], FW_INPUTS), "bw": summarize(graphs["bw"], BW_INPUTS)}
-            if "untraced" in graphs:
-                results["untraced"] = summarize(graphs["untraced"], FW_INPUTS)
+            for control in ("untraced", "reuse"):
+                if control in graphs:
+                    results[control] = summarize(graphs[control], FW_INPUTS)
             if symbolic:
                 guards += [[key, str(g.expr), str(g.sloc)] for g in shape_env.guards]
                 token_symbolic.append(bool(free_symbols(shape_env.replace(symbol))))
@@ -421,6 +426,11 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
     # checks below would see an op that the rule in lowerings/inline.py failed to inline
     for mode, result in results.items():
         assert "nvfp4.grouped_mlp_fwd.default" in result["graphs"].pop("untraced")["targets"], mode
+        # with reuse_weight_casts the weight stacks' casts are the eager op (run at every step,
+        # it consults a reuse_weight_casts() block), their packed copies dequantized for the GEMMs
+        reuse = result["graphs"].pop("reuse")
+        assert "nvfp4.quantize_weights.default" in reuse["targets"] and reuse["shared_codes"] == 0, (mode, reuse)
+        assert "_dequantize_kernel" in reuse["kernels"], (mode, reuse["kernels"])
 
     for mode, result in results.items():
         assert len(result["graphs"]) == 4, (mode, list(result["graphs"]))

@@ -106,7 +106,7 @@ def _site_call(options: BackendOptions, plan: Plan) -> tuple:
     """What a rewritten site calls: ``fused_grouped_mlp``, a function of this package that
     AOTAutograd's cache may key on (``inductor_patches``), with the site's options and plan
     as its constant keyword arguments (``fused.site_options``)."""
-    return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan)
+    return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan, options.reuse_weight_casts)
 
 
 def _options_for(site: Site, options: BackendOptions) -> BackendOptions:
@@ -285,14 +285,14 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
 
 
 def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor",
-            trace_launches: bool = True):
+            trace_launches: bool = True, reuse_weight_casts: bool = False):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
     runs the compiled graphs under CUDA graph trees, as with stock Inductor; each replay
     draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
-                                       "trace_launches": trace_launches})
+                                       "trace_launches": trace_launches, "reuse_weight_casts": reuse_weight_casts})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
         given = {**dataclasses.asdict(configured), "recipe": configured.recipe, **(options or {})}

@@ -57,6 +57,7 @@ from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..sizes import size_hint
+from ..tensor import NVFP4WeightStack
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 
 LIB = "nvfp4"
@@ -87,6 +88,16 @@ def _deq(steps) -> dict:
     return dict(rowwise_deq=True) if steps.deq_operands else {}
 
 
+def _weights(steps, w, block_2d, deq, reuse, target):
+    """A weight stack's NVFP4 copies: with ``reuse_weight_casts`` (the backend option) from
+    the eager op, one opaque call in a compiled graph, which reuses the copies kept by an
+    active ``reuse_weight_casts()`` block (``weight_cache.py``; packed, so the GEMM
+    dequantizes its operand), else the target's cast (row-wise as `deq` says)."""
+    if reuse:
+        return NVFP4WeightStack(*ops.quantize_weights_op(w, block_2d, target))
+    return steps.quantize_weights(w, block_2d=block_2d, **deq)
+
+
 def _fc2(steps, dq, w2q, group_sizes):
     return steps.grouped_gemm(dq.rowwise_data, dq.rowwise_scale, dq.rowwise_amax,
                               w2q.rowwise_data, w2q.rowwise_scale, w2q.amax, group_sizes)
@@ -112,20 +123,21 @@ def _(after, n, per_rank):
 def grouped_mlp_infer(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
-    target: str, fused_fc1: bool, fused_amax: bool,
+    target: str, fused_fc1: bool, fused_amax: bool, reuse_weight_casts: bool = False,
 ) -> Tensor:
     """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
     check_group_sizes_values(group_sizes, x.shape[0])
     steps = steps_for(target, x.device)
     deq = _deq(steps)
     xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask, **deq)
-    _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, steps.quantize_weights(fc1_weight, block_2d=block_2d, **deq),
-                      group_sizes, probs, activation, tanh_clamp_scale, sign_mask)
-    del xq
+    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target)
+    _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
+                      sign_mask)
+    del xq, w1q
     dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
                               rowwise_amax=amax[0] if amax is not None else None, **deq)
     del d
-    return _fc2(steps, dq, steps.quantize_weights(fc2_weight, block_2d=block_2d, **deq), group_sizes)
+    return _fc2(steps, dq, _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target), group_sizes)
 
 
 @grouped_mlp_infer.register_fake
@@ -138,7 +150,7 @@ def grouped_mlp_fwd(
     x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
     activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
-    sr_per_rank: bool = True,
+    sr_per_rank: bool = True, reuse_weight_casts: bool = False,
 ) -> list[Tensor]:
     """[Y, *SavedForBackward] — D's column-wise data and scales empty with recompute (D is
     rebuilt in the backward).
@@ -150,7 +162,7 @@ def grouped_mlp_fwd(
     steps = steps_for(target, x.device)
     deq = _deq(steps)
     xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **deq)
-    w1q = steps.quantize_weights(fc1_weight, block_2d=block_2d, **deq)
+    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target)
     c, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
                       sign_mask)
     kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
@@ -169,7 +181,7 @@ def grouped_mlp_fwd(
                                   rowwise_amax=row_amax, columnwise_amax=col_amax, **deq)
         kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
-    w2q = steps.quantize_weights(fc2_weight, block_2d=block_2d, **deq)
+    w2q = _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target)
     y = _fc2(steps, dq, w2q, group_sizes)
     saved = SavedForBackward(c=c, w2_col_data=w2q.columnwise_data, w2_col_scale=w2q.columnwise_scale,
                              w2_amax=w2q.amax, **kept)
@@ -353,16 +365,17 @@ def _backward(ctx, grads):
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def site_options(recipe: Recipe, recompute: bool, plan: Plan) -> dict:
-    """``fused_grouped_mlp``'s keyword arguments for a site: the recipe's fields and the
+def site_options(recipe: Recipe, recompute: bool, plan: Plan, reuse_weight_casts: bool = False) -> dict:
+    """``fused_grouped_mlp``'s keyword arguments for a site: the recipe's fields, the
     plan's decisions as plain values (``recompute``: whether D is regenerated, the backend
-    option as the plan allows it). A rewritten graph's call holds them as constants, so its
+    option as the plan allows it) and the backend option ``reuse_weight_casts``. A
+    rewritten graph's call holds them as constants, so its
     code prints each by name and AOTAutograd's and Inductor's caches key on them
     (compiler/backend.py ``inductor_patches``)."""
     return dict(rht=recipe.rht, sign_mask=recipe.sign_mask, block_2d=recipe.block_2d,
                 stochastic_rounding=recipe.stochastic_rounding, sr_per_rank=recipe.sr_per_rank,
                 recompute=plan.recomputes_d(recompute), target=plan.target, fused_fc1=plan.fused_fc1,
-                fused_amax=plan.fused_amax, fused_dgrad=plan.fused_dgrad)
+                fused_amax=plan.fused_amax, fused_dgrad=plan.fused_dgrad, reuse_weight_casts=reuse_weight_casts)
 
 
 def fused_grouped_mlp(
@@ -384,6 +397,7 @@ def fused_grouped_mlp(
     fused_fc1: bool,
     fused_amax: bool,
     fused_dgrad: bool,
+    reuse_weight_casts: bool = False,
 ) -> Tensor:
     """What a rewritten site calls (traced by AOTAutograd), options as ``site_options``
     gives them: the inference op when no gradient is needed, else the forward op whose
@@ -393,7 +407,8 @@ def fused_grouped_mlp(
         t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
     )
     common = dict(activation=activation, tanh_clamp_scale=tanh_clamp_scale, rht=rht, sign_mask=sign_mask,
-                  block_2d=block_2d, target=target, fused_fc1=fused_fc1, fused_amax=fused_amax)
+                  block_2d=block_2d, target=target, fused_fc1=fused_fc1, fused_amax=fused_amax,
+                  reuse_weight_casts=reuse_weight_casts)
     if not needs_grad:
         return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
     return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
@@ -413,7 +428,8 @@ def _recompute_d_steps(steps, col: str) -> list[tuple[str, str]]:
             (f"quantize D: {cast}", "group_quantize")]
 
 
-def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool):
+def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_rounding: bool,
+                   reuse_weight_casts: bool = False):
     """The steps the fused ops run for `plan`, in order, each with the function of the
     plan's target that runs it, for ``explain`` (kept beside the ops they describe, and
     branching on the same plan fields). Returns (forward, backward) lists."""
@@ -429,7 +445,8 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
     d_amax = [] if plan.fused_amax else [("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
         (f"quantize x: row + {col}{deq}", "group_quantize"),
-        (f"quantize W1, W2: row + col{deq}", "quantize_weights"),
+        ("quantize W1, W2: row + col, packed; copies of those kept by a reuse_weight_casts() block "
+         "where one is active" if reuse_weight_casts else f"quantize W1, W2: row + col{deq}", "quantize_weights"),
         *fc1,
         *(d_amax + [(f"quantize D: row only, given amax{deq}", "group_quantize")] if recompute
           else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else "") + deq, "group_quantize")]),

@@ -22,12 +22,18 @@ class BackendOptions:
         Inductor's generated code makes itself (``lowerings/inline.py``; much less host
         time per step). False keeps every fused op one call (a fallback); torch's analysis
         of each traced launch while compiling is done once per distinct launch
-        (``lowerings/launch_analysis.py``); the results are the same bits either way."""
+        (``lowerings/launch_analysis.py``); the results are the same bits either way.
+    reuse_weight_casts: each weight stack's NVFP4 copies come from one opaque op
+        (``nvfp4::quantize_weights``) that, inside a ``nvfp4_inductor.reuse_weight_casts()``
+        block, reuses the copies the block kept from its first cast of that stack: the
+        micro-batches of one optimizer step cast the weights once (``weight_cache.py``). Same
+        bits; False (default) casts inside the traced op, with kernels Inductor launches."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
     compiler: str = "inductor"
     trace_launches: bool = True
+    reuse_weight_casts: bool = False
 
     @classmethod
     def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
@@ -45,7 +51,8 @@ class BackendOptions:
         compiler = options.get("compiler", "inductor")
         if compiler not in ("inductor", "aot_eager"):
             raise ValueError(f"option 'compiler' must be 'inductor' or 'aot_eager'; got {compiler!r}")
-        trace_launches = options.get("trace_launches", True)
-        if not isinstance(trace_launches, bool):
-            raise ValueError(f"option 'trace_launches' must be a bool; got {trace_launches!r}")
-        return cls(recipe=recipe, recompute=recompute, compiler=compiler, trace_launches=trace_launches)
+        flags = {name: options.get(name, getattr(cls, name)) for name in ("trace_launches", "reuse_weight_casts")}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ValueError(f"option '{name}' must be a bool; got {value!r}")
+        return cls(recipe=recipe, recompute=recompute, compiler=compiler, **flags)

@@ -1,0 +1,114 @@
+"""The expert weights' NVFP4 copies made once per optimizer step, reused by every micro-batch.
+
+Under gradient accumulation the weights do not change between the micro-batches of one
+optimizer step, yet every forward casts them again: per weight stack one amax pass and one
+cast pass (round to nearest even, no random bits), the same bits every time. Inside a
+``reuse_weight_casts()`` block the first forward that casts a stack keeps its packed copies
+(row-wise and column-wise, 1.125 bytes per weight element: 56% of the bf16 weights) and
+later forwards take them from there, as TransformerEngine does with ``is_first_microbatch``::
+
+    with nvfp4_inductor.reuse_weight_casts() as reuse:
+        for batch in micro_batches:
+            model(batch).backward()
+    optimizer.step()
+    print(reuse.casts, reuse.reuses)
+
+Results are bit for bit those of casting every time. Each forward gets copies of its own
+(a clone of what is kept): a compiled graph may write into a buffer it was given once its
+last reader is done (Inductor's buffer reuse, AOTAutograd's donated saved tensors), and the
+kept copies must outlive every graph.
+
+The block's contract is that the weights do not change inside it. What a step can see is
+checked on every use: a weight stack whose version counter moved (any in-place PyTorch op
+on it or on a view of it, e.g. an optimizer step) or whose storage or address changed is
+cast again. Writes that bypass the version counter (through ``param.data``, or a collective
+writing into the storage) cannot be seen; do not make them inside the block.
+
+Where the copies come from: the eager ``GroupedMLP`` / ``grouped_mlp`` take them through the
+block whenever one is active. A model compiled with ``backend="nvfp4"`` does so with the
+backend option ``reuse_weight_casts=True``, which makes each weight stack's cast one opaque
+op in the compiled graph (``nvfp4::quantize_weights``), so that the check runs on every step
+instead of kernels launched by Inductor's code. Under CUDA-graph capture the block is not
+consulted (a replay would read copies kept at capture after the weights had changed): the
+stack is cast, as without a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+import weakref
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from .tensor import NVFP4WeightStack
+
+
+@dataclasses.dataclass(eq=False)
+class _Kept:
+    storage: weakref.ref  # the weight stack's storage, whose death drops this entry
+    version: int  # the stack's version counter when cast
+    data_ptr: int
+    copies: NVFP4WeightStack
+
+
+@dataclasses.dataclass(eq=False)
+class WeightCastReuse:
+    """The state of one ``reuse_weight_casts`` block.
+
+    casts:  weight stacks cast inside the block (each stack's first use, or after it changed)
+    reuses: forwards that took a stack's copies from the block instead of casting it
+    """
+
+    casts: int = 0
+    reuses: int = 0
+    _kept: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def copies(self, w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack]) -> NVFP4WeightStack:
+        """`w`'s packed copies: kept ones where `w` is unchanged since they were made, else
+        ``cast()``'s, kept. Returned as new tensors (the module docstring says why)."""
+        storage = w.untyped_storage()
+        key = (id(storage), w.storage_offset(), tuple(w.shape), tuple(w.stride()), w.dtype, block_2d)
+        kept = self._kept.get(key)
+        if (kept is not None and kept.storage() is storage and kept.version == w._version
+                and kept.data_ptr == w.data_ptr()):
+            self.reuses += 1
+        else:
+            kept = _Kept(weakref.ref(storage, lambda _, key=key: self._kept.pop(key, None)), w._version,
+                         w.data_ptr(), cast())
+            self._kept[key] = kept
+            self.casts += 1
+        return NVFP4WeightStack(*(t.clone() for t in kept.copies.as_tuple()))
+
+
+_ACTIVE: Optional[WeightCastReuse] = None
+
+
+@contextlib.contextmanager
+def reuse_weight_casts() -> Iterator[WeightCastReuse]:
+    """Inside the block each expert weight stack is cast to NVFP4 once and its copies are
+    reused by later forwards (the module docstring: the contract and what is checked).
+    Yields the block's counters; the kept copies are freed when it ends."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("reuse_weight_casts: blocks do not nest; one is already active")
+    _ACTIVE = WeightCastReuse()
+    try:
+        yield _ACTIVE
+    finally:
+        block, _ACTIVE = _ACTIVE, None
+        block._kept.clear()
+    if block.casts + block.reuses == 0:
+        warnings.warn("reuse_weight_casts: no NVFP4 weight cast went through this block; a model compiled with "
+                      "backend='nvfp4' takes part only with the backend option reuse_weight_casts=True",
+                      stacklevel=3)
+
+
+def weight_copies(w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack]) -> NVFP4WeightStack:
+    """`w`'s packed NVFP4 copies: through the active block where there is one and the stream
+    is not being captured into a CUDA graph, else ``cast()``."""
+    if _ACTIVE is None or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return cast()
+    return _ACTIVE.copies(w, block_2d, cast)

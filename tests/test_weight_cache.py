@@ -1,0 +1,257 @@
+"""``reuse_weight_casts``: the weights' NVFP4 copies made once per optimizer step (weight_cache.py).
+
+Every check is bitwise against the same micro-batches run with the weights cast on every
+forward, from the same generator state (stochastic rounding on: the weights' casts draw no
+random bits, so reusing them must not move any draw of the gradients' casts)."""
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+import nvfp4_inductor as nv
+from nvfp4_inductor import weight_cache
+
+MICRO_BATCHES = 3
+
+
+def _model_and_batches(activation="srelu"):
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(4, 32, 48, activation)
+    xs = [torch.randn(64, 32, dtype=torch.bfloat16) for _ in range(MICRO_BATCHES)]
+    return mlp, xs, torch.tensor([10, 0, 31, 23]), torch.rand(64)
+
+
+def _accumulate(mlp, model, xs, sizes, probs, block, between=None):
+    """Outputs of each micro-batch and the accumulated gradients; `between(i)` runs after
+    micro-batch i."""
+    mlp.zero_grad()
+    torch.manual_seed(1)
+    outputs = []
+    with block() if block else contextlib.nullcontext():
+        for i, x in enumerate(xs):
+            y = model(x, sizes, probs)
+            y.float().square().sum().backward()
+            outputs.append(y.detach())
+            if between:
+                between(i)
+    return outputs + [p.grad.clone() for p in mlp.parameters()]
+
+
+def _equal(a, b):
+    assert len(a) == len(b)
+    for i, (u, v) in enumerate(zip(a, b)):
+        assert torch.equal(u, v), f"tensor {i} differs"
+
+
+def _counted_block(counts):
+    @contextlib.contextmanager
+    def block():
+        with nv.reuse_weight_casts() as reuse:
+            yield reuse
+        counts.append((reuse.casts, reuse.reuses))
+
+    return block
+
+
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+def test_eager_micro_batches_cast_each_weight_once_and_equal_casting_every_time(activation):
+    mlp, xs, sizes, probs = _model_and_batches(activation)
+    fresh = _accumulate(mlp, mlp, xs, sizes, probs, None)
+    counts = []
+    _equal(_accumulate(mlp, mlp, xs, sizes, probs, _counted_block(counts)), fresh)
+    assert counts == [(2, 2 * (MICRO_BATCHES - 1))]  # W1 and W2, each cast once
+
+
+def test_compiled_micro_batches_with_the_option_equal_casting_every_time():
+    """aot_eager, the fused ops whole (the reference target; where they are traced as their
+    bodies, the weights' casts stay one opaque op: tests/test_traced_launches.py)."""
+    mlp, xs, sizes, probs = _model_and_batches()
+    fresh = _accumulate(mlp, mlp, xs, sizes, probs, None)
+    torch._dynamo.reset()
+    counts = []
+    compiled = torch.compile(mlp, backend=nv.backend(compiler="aot_eager", reuse_weight_casts=True))
+    _equal(_accumulate(mlp, compiled, xs, sizes, probs, _counted_block(counts)), fresh)
+    assert counts == [(2, 2 * (MICRO_BATCHES - 1))]
+    # outside a block the option casts every time, as without it
+    _equal(_accumulate(mlp, compiled, xs, sizes, probs, None), fresh)
+
+
+def test_inductor_compiled_micro_batches_with_the_option_equal_casting_every_time():
+    mlp, xs, sizes, probs = _model_and_batches()
+    fresh = _accumulate(mlp, mlp, xs, sizes, probs, None)
+    torch._dynamo.reset()
+    counts = []
+    compiled = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True))
+    _equal(_accumulate(mlp, compiled, xs, sizes, probs, _counted_block(counts)), fresh)
+    assert counts == [(2, 2 * (MICRO_BATCHES - 1))]
+
+
+def test_weights_changed_inside_the_block_are_cast_again():
+    """An optimizer step inside the block (in place: the version counter moves) is seen:
+    the next forward casts the changed stacks again and equals casting every time."""
+    mlp, xs, sizes, probs = _model_and_batches()
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.5)
+
+    def step(i):
+        if i < MICRO_BATCHES - 1:  # the last micro-batch's gradients are compared
+            opt.step()
+            opt.zero_grad()
+
+    before = [p.detach().clone() for p in mlp.parameters()]
+    fresh = _accumulate(mlp, mlp, xs, sizes, probs, None, between=step)
+    with torch.no_grad():
+        for p, b in zip(mlp.parameters(), before):
+            p.copy_(b)
+    counts = []
+    _equal(_accumulate(mlp, mlp, xs, sizes, probs, _counted_block(counts), between=step), fresh)
+    assert counts == [(2 * MICRO_BATCHES, 0)]
+
+
+def test_each_forward_gets_new_tensors_and_the_kept_copies_stay_intact():
+    w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
+    fresh = torch.ops.nvfp4.quantize_weights(w, True)
+    with nv.reuse_weight_casts() as reuse:
+        first = torch.ops.nvfp4.quantize_weights(w, True)
+        for t in first:  # what a compiled graph may do to a buffer it was given
+            t.view(torch.uint8).fill_(0x55)
+        second = torch.ops.nvfp4.quantize_weights(w, True)
+        assert not any(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                       for a in first for b in second)
+    _equal(second, fresh)
+    assert (reuse.casts, reuse.reuses) == (1, 1)
+
+
+def test_kept_copies_are_keyed_on_the_stack_and_its_view():
+    """A view of a kept stack's storage with other offsets, shapes or strides is another
+    stack; the same view taken anew (a compiled graph's reinterpretation of a parameter)
+    is the same one."""
+    w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
+    with nv.reuse_weight_casts() as reuse:
+        torch.ops.nvfp4.quantize_weights(w, True)
+        torch.ops.nvfp4.quantize_weights(w.view(4, 48, 32), True)
+        half = torch.ops.nvfp4.quantize_weights(w[2:], True)
+        _equal(half, torch.ops.nvfp4.quantize_weights(w[2:].clone(), True))
+        torch.ops.nvfp4.quantize_weights(w, False)  # 1x16 blocks: other copies
+    assert (reuse.casts, reuse.reuses) == (4, 1)
+
+
+def test_a_freed_weight_drops_its_kept_copies():
+    with nv.reuse_weight_casts() as reuse:
+        w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
+        torch.ops.nvfp4.quantize_weights(w, True)
+        assert len(reuse._kept) == 1
+        del w
+        assert len(reuse._kept) == 0
+
+
+def test_the_block_frees_its_copies_on_exit_and_does_not_nest():
+    w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
+    with nv.reuse_weight_casts() as reuse:
+        torch.ops.nvfp4.quantize_weights(w, True)
+        with pytest.raises(RuntimeError, match="reuse_weight_casts: blocks do not nest"):
+            with nv.reuse_weight_casts():
+                pass
+    assert not reuse._kept and weight_cache._ACTIVE is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.ops.nvfp4.quantize_weights(w, True)  # outside a block: cast, nothing kept
+    assert weight_cache._ACTIVE is None
+
+
+def test_a_block_nothing_went_through_says_which_option_is_missing():
+    mlp, xs, sizes, probs = _model_and_batches()
+    torch._dynamo.reset()
+    compiled = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))
+    with pytest.warns(UserWarning, match="backend option reuse_weight_casts=True"):
+        with nv.reuse_weight_casts():
+            compiled(xs[0], sizes, probs)
+
+
+def test_option_is_checked_and_explain_names_the_reuse():
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    with pytest.raises(ValueError, match="option 'reuse_weight_casts' must be a bool"):
+        BackendOptions.parse({"reuse_weight_casts": "yes"})
+    mlp, xs, sizes, probs = _model_and_batches()
+    x = xs[0].requires_grad_()
+    assert "reuse_weight_casts() block" in str(nv.explain(mlp, x, sizes, probs, reuse_weight_casts=True))
+    assert "reuse_weight_casts() block" not in str(nv.explain(mlp, x, sizes, probs))
+
+
+# ---------------------------------------------------------------------------------------
+# On a GPU (`pytest -m gpu`): the Triton target, whose fused ops are traced as their kernel
+# launches, and CUDA graphs
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _gpu_steps(fn, mlp, xs, sizes, probs, dy, between=None):
+    """dX, dW1, dW2, dprobs of each step (torch.autograd.grad: nothing accumulates in .grad,
+    so a CUDA graph may replay the step), from generator state 5."""
+    torch.cuda.manual_seed(5)
+    out = []
+    for i, x in enumerate(xs):
+        torch.compiler.cudagraph_mark_step_begin()
+        y = fn(x, sizes, probs)
+        out += [g.clone() for g in torch.autograd.grad(y, (x, mlp.fc1_weight, mlp.fc2_weight, probs), dy)]
+        if between:
+            between(i)
+    return out
+
+
+def _gpu_case(activation):
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(8, 256, 256, activation, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xs = [torch.randn(2048, 256, device="cuda", generator=gen).bfloat16().requires_grad_()
+          for _ in range(MICRO_BATCHES)]
+    sizes = torch.bincount(torch.randint(0, 8, (2048,), device="cuda", generator=gen), minlength=8)
+    probs = torch.rand(2048, device="cuda", generator=gen).requires_grad_()
+    return mlp, xs, sizes, probs, torch.randn(2048, 256, device="cuda", generator=gen).bfloat16()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("activation", ["srelu", "swiglu"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_gpu_micro_batches_reusing_weight_casts_equal_casting_every_time(activation, compiled):
+    mlp, *case = _gpu_case(activation)
+    torch._dynamo.reset()
+    fresh = _gpu_steps(torch.compile(mlp, backend="nvfp4") if compiled else mlp, mlp, *case)
+    fn = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True)) if compiled else mlp
+    with nv.reuse_weight_casts() as reuse:
+        _equal(_gpu_steps(fn, mlp, *case), fresh)
+    assert (reuse.casts, reuse.reuses) == (2, 2 * (MICRO_BATCHES - 1))
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cuda_graphs_cast_the_weights_they_replay_on():
+    """Under CUDA graphs (Inductor's graph trees) the block is not consulted while a step is
+    captured, so replays cast the weights as they are: with the weights changed in place
+    between steps (an optimizer step each), every step equals the same steps without
+    graphs and without a block."""
+    mlp, xs, sizes, probs, dy = _gpu_case("srelu")
+    xs = [xs[0]] * 4  # warm-up, record, two replays
+    start = [p.detach().clone() for p in mlp.parameters()]
+
+    def nudge(i):
+        with torch.no_grad():
+            for p in mlp.parameters():
+                p.mul_(0.5)
+
+    def restart():
+        with torch.no_grad():
+            for p, s in zip(mlp.parameters(), start):
+                p.copy_(s)
+
+    torch._dynamo.reset()
+    fresh = _gpu_steps(torch.compile(mlp, backend="nvfp4"), mlp, xs, sizes, probs, dy, between=nudge)
+    restart()
+    graphed = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True), mode="reduce-overhead")
+    with nv.reuse_weight_casts():
+        _equal(_gpu_steps(graphed, mlp, xs, sizes, probs, dy, between=nudge), fresh)
+    torch._dynamo.reset()
