@@ -7,7 +7,12 @@ Rows (one process, one GPU), per shape, activation and CUDA-graph setting: BF16
 torch.compile of a torch._grouped_mm MLP (the baseline, 1.00) and our compiled NVFP4
 (recompute on). ``--extra`` adds, graphs off only: stock torch.compile of the NVFP4 chain
 in plain PyTorch ops (fake-quant: every operand of the six GEMMs quantize-dequantized as ours
-are, benchmarks/fake_quant.py); our eager NVFP4 (op by op); our compiled NVFP4 with D saved.
+are, benchmarks/fake_quant.py); our eager NVFP4 (op by op); our compiled NVFP4 with D saved;
+our compiled NVFP4 with the weights' casts reused (``reuse``: the backend option
+reuse_weight_casts, every step inside one ``nv.reuse_weight_casts()`` block, so each timed
+step is a later micro-batch of an optimizer step, whose weights were cast by the first; the
+note gives the memory the kept copies hold, which the peak column, measured from a base
+taken after the first step, leaves out).
 
 Columns:
   graphs, vs, time/vs  CUDA graphs off, or on (both rows compiled with mode="reduce-overhead":
@@ -34,7 +39,7 @@ Columns:
                        (its cudagraph_skips counter moved); a failing row's error.
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
-        [--graphs off on] [--extra eager save-D fake-quant] [--profile] [--launches]
+        [--graphs off on] [--extra eager save-D fake-quant reuse] [--profile] [--launches]
         [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
@@ -65,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import os
 import re
@@ -100,7 +106,8 @@ COPY_BYTES = {"cuda": 2**30, "cpu": 2**24}  # the copy whose rate the floor char
 
 BASELINE = "bf16 compiled (baseline)"
 OURS = "nvfp4 compiled, recompute"
-EXTRA = {"eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D", "fake-quant": "fake-quant, stock Inductor"}
+EXTRA = {"eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D", "fake-quant": "fake-quant, stock Inductor",
+         "reuse": "nvfp4 compiled, weights reused"}
 HEADERS = ["shape", "act", "implementation", "graphs", "vs", "time/vs", "ms", "TFLOP/s", "floor ms", "floor/vs",
            "peak GiB", "peak/bf16", "saved MiB", "saved/bf16", "host ms", "first s", "first/vs", "note"]
 
@@ -155,6 +162,8 @@ def variants(activation, graphs: bool, compiler: str, extra) -> dict:
                                         dynamic=False),
         "fake-quant": lambda: torch.compile(fake_quant_mlp(lambda c: activation_fn(activation, c)), backend=compiler,
                                             dynamic=False),
+        "reuse": lambda: torch.compile(nvfp4_mlp(activation), backend=nv.backend(
+            recompute=True, compiler=compiler, reuse_weight_casts=True), dynamic=False),
     }
     for key in extra:
         out[EXTRA[key]] = builders[key]()
@@ -573,8 +582,11 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
     for graphs in opts.graphs:
         base = None
         for name, fn in variants(activation, graphs, opts.compiler, opts.extra).items():
+            reusing = name == EXTRA["reuse"]
             try:
-                m = measure(fn, args, grad, opts.device, graphs)
+                with nv.reuse_weight_casts() if reusing else contextlib.nullcontext() as reuse:
+                    m = measure(fn, args, grad, opts.device, graphs)
+                    kept = reuse.kept_bytes if reusing else None
             except Exception as error:  # a failing variant is reported, not hidden
                 row = failed_row(shape, activation, name, graphs, error)
                 clock(" | ".join(row))
@@ -584,6 +596,8 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
                 base = m
                 mem_base = m if not graphs else mem_base
             row = table_row(shape, activation, name, graphs, m, base, mem_base, flops, fl)
+            if kept is not None:
+                row[-1] = f"kept copies {kept / 2**20:.1f} MiB"
             clock(" | ".join(row))  # progress: a cut-off run still reports
             yield row
             if name == OURS and not graphs:

@@ -20,6 +20,11 @@ randomly initialised router, the same for both rows (same seed).
 
 Rows: "bf16 compiled" (stock Inductor, the baseline), then "nvfp4 compiled"
 (backend="nvfp4"), each on a fresh build of the model, compiled with dynamic=False.
+--reuse-weights adds "nvfp4, weights reused" (graphs off): the backend option
+reuse_weight_casts, every step inside one ``nv.reuse_weight_casts()`` block, so each timed
+step is a later micro-batch of gradient accumulation, whose expert weights the first step
+cast; the note gives the memory the kept copies hold (the peak's base, taken after the
+first step, includes them).
 Columns:
   graphs          CUDA graphs off, or on: both rows compiled with mode="reduce-overhead"
                   (Inductor's CUDA graph trees); no peak then (replays bypass the caching
@@ -38,7 +43,7 @@ Columns:
 
     python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
         [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
-        [--compiler inductor|aot_eager] [--graphs off on] [--tiny]
+        [--compiler inductor|aot_eager] [--graphs off on] [--reuse-weights] [--tiny]
 
 Needs transformers (the test extra). ``--device cpu --tiny --compiler aot_eager`` is the CPU
 smoke run (tests/test_benchmark_grouped_mlp_smoke.py): tiny sizes, perf_counter timing, no peak.
@@ -70,6 +75,7 @@ TINY = dict(hidden_size=64, intermediate_size=32, moe_intermediate_size=32, num_
             num_experts_per_tok=2, vocab_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
             max_position_embeddings=256)
 IMPLEMENTATIONS = {"bf16 compiled": "inductor", "nvfp4 compiled": "nvfp4"}
+REUSE = "nvfp4, weights reused"  # --reuse-weights: a third row, backend "nvfp4-reuse"
 HEADERS = ["case", "family", "experts, H, F, k", "tokens", "implementation", "graphs", "ms", "vs bf16", "host ms",
            "peak GiB", "peak/bf16", "first s", "loss", "sites", "graph breaks", "note"]
 
@@ -154,7 +160,7 @@ class Measured(NamedTuple):
     loss: float
     sites: str
     graph_breaks: int
-    graphs_skipped: bool
+    note: str  # "graphs skipped" where Inductor declined CUDA graphs; the kept copies' memory
 
 
 def training_step(compiled, c: Case, graphs: bool) -> Callable[[], None]:
@@ -170,8 +176,19 @@ def training_step(compiled, c: Case, graphs: bool) -> Callable[[], None]:
 
 
 def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
-    """One row: `c` compiled by `backend` ("inductor" or "nvfp4"), its first step, then its
-    peak, timed steps and host time."""
+    """One row: `c` compiled by `backend` ("inductor", "nvfp4" or "nvfp4-reuse", whose
+    steps all run inside one reuse_weight_casts block), its first step, then its peak, timed
+    steps and host time."""
+    if backend != "nvfp4-reuse":
+        return _measure(c, backend, graphs, opts)
+    import nvfp4_inductor as nv
+
+    with nv.reuse_weight_casts() as reuse:
+        m = _measure(c, backend, graphs, opts)
+        return m._replace(note=f"kept copies {reuse.kept_bytes / 2**20:.1f} MiB")
+
+
+def _measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     counters.clear()
     mode = "reduce-overhead" if graphs else None
     compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), mode=mode, dynamic=False)
@@ -184,17 +201,17 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     first_s = time.perf_counter() - start
     peak = step_peak(step) if opts.device == "cuda" and not graphs else None  # replays bypass the allocator
     found = counters["nvfp4"]["sites_rewritten"] + counters["nvfp4"]["sites_rejected"]
-    sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend == "nvfp4" else "-"
+    sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend != "inductor" else "-"
     graph_breaks = sum(counters["graph_break"].values())
     return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
-                    first_s, loss, sites, graph_breaks, counters["inductor"]["cudagraph_skips"] > 0)
+                    first_s, loss, sites, graph_breaks, "graphs skipped" if counters["inductor"]["cudagraph_skips"] else "")
 
 
 def _backend(name: str, compiler: str):
-    if name == "nvfp4":
+    if name.startswith("nvfp4"):
         import nvfp4_inductor as nv
 
-        return nv.backend(compiler=compiler)
+        return nv.backend(compiler=compiler, reuse_weight_casts=name == "nvfp4-reuse")
     return compiler
 
 
@@ -202,7 +219,8 @@ def run(case: str, family: str, graphs: bool, opts, clock):
     """Yields the rows of one case, family and graphs setting, each printed when done."""
     config = config_for(family, 1 if case == "block" else opts.layers, opts.tiny)
     base = None
-    for name, backend in IMPLEMENTATIONS.items():
+    implementations = dict(IMPLEMENTATIONS, **{REUSE: "nvfp4-reuse"} if opts.reuse_weights and not graphs else {})
+    for name, backend in implementations.items():
         lead = [case, family, sizes_of(config), "-", name, "on" if graphs else "off"]
         try:
             c = make_case(case, config, opts)
@@ -214,8 +232,7 @@ def run(case: str, family: str, graphs: bool, opts, clock):
             base = m if backend == "inductor" else base
             row = lead + [f"{m.ms:.2f}", ratio(m.ms, base and base.ms), f"{m.host:.2f}",
                           "-" if m.peak is None else f"{m.peak / 2**30:.2f}", ratio(m.peak, base and base.peak),
-                          f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks),
-                          "graphs skipped" if m.graphs_skipped else ""]
+                          f"{m.first_s:.1f}", f"{m.loss:.4f}", m.sites, str(m.graph_breaks), m.note]
         finally:
             c = None  # the next row builds its own model: free this one's memory first
             torch._dynamo.reset()  # (Dynamo's caches hold the compiled module)
@@ -239,6 +256,8 @@ def parse_args(argv=None):
                         help="what compiles every row (aot_eager: a fast CPU smoke run)")
     parser.add_argument("--graphs", nargs="+", default=["off"], choices=["off", "on"],
                         help="CUDA graphs (mode='reduce-overhead', both rows) off, on, or both")
+    parser.add_argument("--reuse-weights", action="store_true",
+                        help="a third row: nvfp4 with the weights' casts reused (a later micro-batch), graphs off")
     parser.add_argument("--tiny", action="store_true", help="CPU sizes for every family (smoke run)")
     opts = parser.parse_args(argv)
     opts.graphs = [g == "on" for g in opts.graphs]

@@ -58,13 +58,19 @@ class _Kept:
 class WeightCastReuse:
     """The state of one ``reuse_weight_casts`` block.
 
-    casts:  weight stacks cast inside the block (each stack's first use, or after it changed)
-    reuses: forwards that took a stack's copies from the block instead of casting it
+    casts:      weight stacks cast inside the block (each stack's first use, or after it changed)
+    reuses:     forwards that took a stack's copies from the block instead of casting it
+    kept_bytes: the memory the kept copies hold
     """
 
     casts: int = 0
     reuses: int = 0
     _kept: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Device memory the kept copies hold now (freed when the block ends)."""
+        return sum(t.nbytes for kept in self._kept.values() for t in kept.copies.as_tuple())
 
     def copies(self, w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack]) -> NVFP4WeightStack:
         """`w`'s packed copies: kept ones where `w` is unchanged since they were made, else

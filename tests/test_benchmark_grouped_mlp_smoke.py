@@ -55,12 +55,14 @@ def test_main_on_cpu_gives_every_row_with_finite_numbers(capsys):
 
 def test_extra_rows_on_cpu():
     rows = gm.main(["--device", "cpu", "--shapes", "tiny", "--compiler", "aot_eager", "--activations", "srelu",
-                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant"])
+                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant", "reuse"])
     assert [r[2] for r in rows] == [gm.BASELINE, gm.OURS, gm.EXTRA["eager"], gm.EXTRA["save-D"],
-                                    gm.EXTRA["fake-quant"]]
+                                    gm.EXTRA["fake-quant"], gm.EXTRA["reuse"]]
     for row in rows:
         cells = _cells(row)
-        assert cells["note"] == "" and all(_finite(cells[c]) for c in NUMBERS), cells
+        reused = cells["implementation"] == gm.EXTRA["reuse"]
+        assert cells["note"] == ("kept copies 0.0 MiB" if reused else ""), cells  # tiny: 4 x 48 x 32 x 1.125 x 2 B
+        assert all(_finite(cells[c]) for c in NUMBERS), cells
         assert (cells["floor ms"] != "-") == cells["implementation"].startswith("nvfp4"), cells
 
 
@@ -170,16 +172,21 @@ def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
     import model_step
 
     rows = model_step.main(["--device", "cpu", "--tiny", "--compiler", "aot_eager", "--families", "qwen3_moe",
-                            "--tokens", "256", "--layers", "2", "--seq", "64"])
-    assert [(r[0], r[4], r[5]) for r in rows] == [(case, name, "off") for case in ("block", "model")
-                                                  for name in model_step.IMPLEMENTATIONS]
+                            "--tokens", "256", "--layers", "2", "--seq", "64", "--reuse-weights"])
+    names = [*model_step.IMPLEMENTATIONS, model_step.REUSE]
+    assert [(r[0], r[4], r[5]) for r in rows] == [(case, name, "off") for case in ("block", "model") for name in names]
     for row in rows:
         cells = dict(zip(model_step.HEADERS, row))
-        assert cells["note"] == "" and cells["graph breaks"] == "0", cells
+        assert cells["graph breaks"] == "0", cells
+        # the kept copies: W1 (4 x 64 x 64) and W2 (4 x 64 x 32) of each layer, 1.125 bytes an element
+        kept = {"block": "kept copies 0.0 MiB", "model": "kept copies 0.1 MiB"}[cells["case"]]
+        assert cells["note"] == (kept if cells["implementation"] == model_step.REUSE else ""), cells
         assert all(_finite(cells[k]) for k in ("ms", "vs bf16", "host ms", "first s", "loss")), cells
         assert cells["peak GiB"] == "-"  # no allocator statistics on the CPU
-    assert [dict(zip(model_step.HEADERS, r))["sites"] for r in rows] == ["-", "1/1", "-", "2/2"]
-    assert [r[3] for r in rows] == ["256", "256", "128", "128"]
+    assert [dict(zip(model_step.HEADERS, r))["sites"] for r in rows] == ["-", "1/1", "1/1", "-", "2/2", "2/2"]
+    assert [r[3] for r in rows] == ["256"] * 3 + ["128"] * 3
+    losses = [dict(zip(model_step.HEADERS, r))["loss"] for r in rows]
+    assert losses[1] == losses[2] and losses[4] == losses[5]  # reusing the weights' casts changes no bit
     with pytest.raises(SystemExit):  # CUDA graphs need a GPU
         model_step.main(["--device", "cpu", "--graphs", "on"])
 

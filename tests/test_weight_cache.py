@@ -119,8 +119,9 @@ def test_each_forward_gets_new_tensors_and_the_kept_copies_stay_intact():
         second = torch.ops.nvfp4.quantize_weights(w, True)
         assert not any(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
                        for a in first for b in second)
+        assert reuse.kept_bytes == sum(t.nbytes for t in fresh)  # 4 x 48 x 32 x 1.125 bytes + 4 amaxes
     _equal(second, fresh)
-    assert (reuse.casts, reuse.reuses) == (1, 1)
+    assert (reuse.casts, reuse.reuses) == (1, 1) and reuse.kept_bytes == 0
 
 
 def test_kept_copies_are_keyed_on_the_stack_and_its_view():
