@@ -38,6 +38,7 @@ nothing about composition); a CUDA run uses whatever the policy picks, as users 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -67,8 +68,8 @@ SR_SINGLE = nv.Recipe(sr_per_rank=False)  # SR on, reproducible by a single proc
 RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
-SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "ep_eager", "ep_one_graph",
-             "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
+SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_micro_batches", "ep_eager",
+             "ep_one_graph", "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
 
 
 # ----------------------------------------------------------------------------- launching
@@ -254,6 +255,42 @@ def fsdp2_mixed_precision(ctx):
 
 def fsdp2_inductor(ctx):
     return _fsdp2(ctx, mixed_precision=False, compile_what="experts", compiler="inductor")
+
+
+def fsdp2_micro_batches(ctx):
+    """Gradient accumulation as FSDP2 users set it up (fp32 masters, bf16 compute; the
+    parameters left unsharded between micro-batches, gradients reduced after the last), with
+    the weights' casts reused (nvfp4_inductor.reuse_weight_casts): each rank casts W1 and W2
+    once for 3 micro-batches, and the gradients equal the same run casting every time."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    micro_batches = 3
+    torch.manual_seed(0)
+    start = Model(SR_SINGLE, torch.float32, ctx.device).state_dict()
+
+    def accumulate(reuse: bool):
+        model = Model(SR_SINGLE, torch.float32, ctx.device)
+        model.load_state_dict(start)
+        for module in (model.moe, model):
+            fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=BF16), reshard_after_forward=False)
+        fresh_counters()
+        model.moe.compile(backend=nv.backend(recipe=SR_SINGLE, compiler="aot_eager", reuse_weight_casts=reuse))
+        torch.manual_seed(STEP_SEED)
+        with nv.reuse_weight_casts() if reuse else contextlib.nullcontext() as block:
+            for i in range(micro_batches):
+                last = i == micro_batches - 1
+                model.set_requires_gradient_sync(last)
+                model.set_reshard_after_backward(last)
+                _loss(model, tokens(ctx.world * i + ctx.rank, ctx.device)[0]).backward()
+        assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"
+        return {name: p.grad.full_tensor() for name, p in model.named_parameters()}, block
+
+    every_time, _ = accumulate(reuse=False)
+    reused, block = accumulate(reuse=True)
+    assert (block.casts, block.reuses) == (2, 2 * (micro_batches - 1)), (block.casts, block.reuses)
+    for name, grad in reused.items():
+        same(grad, every_time[name], f"grad {name}")
+    return f"{len(reused)} gradients bitwise, W1 and W2 cast once for {micro_batches} micro-batches"
 
 
 # ----------------------------------------------------------------------------- expert parallel
