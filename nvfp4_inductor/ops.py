@@ -165,8 +165,19 @@ def quantize_weights_op(w: Tensor, block_2d: bool,
     return weight_copies(w, block_2d, lambda: steps.quantize_weights(w, block_2d=block_2d)).as_tuple()
 
 
-@quantize_weights_op.register_fake
-def _(w, block_2d, target=None):
+@torch.library.custom_op(f"{LIB}::quantize_weights_from", mutates_args=())
+def quantize_weights_from_op(w: Tensor, sources: list[Tensor], derivation: str, block_2d: bool,
+                             target: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``quantize_weights`` of a compiled site's weight stack `w`, made at every step from
+    the graph inputs `sources` as `derivation` says (a bf16 copy of fp32 master weights, a
+    concatenation, a stack of per-expert weights; `w` itself where `sources` is empty):
+    inside a ``reuse_weight_casts`` block the kept copies are keyed on those inputs."""
+    steps = steps_for(target, w.device)
+    return weight_copies(w, block_2d, lambda: steps.quantize_weights(w, block_2d=block_2d), sources,
+                         derivation).as_tuple()
+
+
+def _weight_stack_fake(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     g, n, k = w.shape
     return (
         w.new_empty(g, n, k // 2, dtype=torch.uint8),
@@ -175,6 +186,10 @@ def _(w, block_2d, target=None):
         w.new_empty(g, k, n // BLOCK, dtype=torch.float8_e4m3fn),
         w.new_empty(g, dtype=torch.float32),
     )
+
+
+quantize_weights_op.register_fake(lambda w, block_2d, target=None: _weight_stack_fake(w))
+quantize_weights_from_op.register_fake(lambda w, sources, derivation, block_2d, target=None: _weight_stack_fake(w))
 
 
 # ---------------------------------------------------------------------------------------

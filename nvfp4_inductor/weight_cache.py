@@ -21,13 +21,17 @@ kept copies must outlive every graph.
 The block's contract is that the weights do not change inside it. What a step can see is
 checked on every use: a weight stack whose version counter moved (any in-place PyTorch op
 on it or on a view of it, e.g. an optimizer step) or whose storage or address changed is
-cast again. Writes that bypass the version counter (through ``param.data``, or a collective
-writing into the storage) cannot be seen; do not make them inside the block.
+cast again. Where a compiled site's stack is made anew at every step from parameters (a
+bf16 copy of fp32 master weights under autocast; torchtitan's gate and up weights
+concatenated), the copies are keyed on those parameters, checked the same way, and on how
+the stack is made from them (``nvfp4::quantize_weights_from``). Writes that bypass the
+version counter (through ``param.data``, or a collective writing into the storage) cannot
+be seen; do not make them inside the block.
 
 Where the copies come from: the eager ``GroupedMLP`` / ``grouped_mlp`` take them through the
 block whenever one is active. A model compiled with ``backend="nvfp4"`` does so with the
 backend option ``reuse_weight_casts=True``, which makes each weight stack's cast one opaque
-op in the compiled graph (``nvfp4::quantize_weights``), so that the check runs on every step
+op in the compiled graph (``nvfp4::quantize_weights_from``), so that the check runs on every step
 instead of kernels launched by Inductor's code. Under CUDA-graph capture the block is not
 consulted (a replay would read copies kept at capture after the weights had changed): the
 stack is cast, as without a block.
@@ -48,10 +52,20 @@ from .tensor import NVFP4WeightStack
 
 @dataclasses.dataclass(eq=False)
 class _Kept:
-    storage: weakref.ref  # the weight stack's storage, whose death drops this entry
-    version: int  # the stack's version counter when cast
-    data_ptr: int
+    # per tensor the copies were keyed on: its storage (whose death drops this entry), its
+    # version counter and its address when cast
+    storages: tuple[weakref.ref, ...]
+    versions: tuple[int, ...]
+    data_ptrs: tuple[int, ...]
     copies: NVFP4WeightStack
+
+    def current(self, keyed: tuple[torch.Tensor, ...]) -> bool:
+        return all(ref() is t.untyped_storage() for ref, t in zip(self.storages, keyed)) and (
+            self.versions == tuple(t._version for t in keyed) and self.data_ptrs == tuple(t.data_ptr() for t in keyed))
+
+
+def _place(t: torch.Tensor) -> tuple:
+    return id(t.untyped_storage()), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype
 
 
 @dataclasses.dataclass(eq=False)
@@ -72,18 +86,25 @@ class WeightCastReuse:
         """Device memory the kept copies hold now (freed when the block ends)."""
         return sum(t.nbytes for kept in self._kept.values() for t in kept.copies.as_tuple())
 
-    def copies(self, w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack]) -> NVFP4WeightStack:
-        """`w`'s packed copies: kept ones where `w` is unchanged since they were made, else
-        ``cast()``'s, kept. Returned as new tensors (the module docstring says why)."""
-        storage = w.untyped_storage()
-        key = (id(storage), w.storage_offset(), tuple(w.shape), tuple(w.stride()), w.dtype, block_2d)
+    def copies(self, w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack],
+               sources: Optional[list[torch.Tensor]] = None, derivation: str = "") -> NVFP4WeightStack:
+        """`w`'s packed copies: kept ones where what they were keyed on is unchanged since
+        they were made, else ``cast()``'s, kept. Keyed on `w` itself, or, where `w` is made
+        anew at every step from graph inputs (``sources``: a bf16 copy of fp32 master
+        weights, a concatenation, a stack of per-expert weights), on those inputs and the
+        `derivation` that names how `w` is made from them. Returned as new tensors (the
+        module docstring says why)."""
+        keyed = tuple(sources) if sources else (w,)
+        key = (derivation, block_2d, tuple(w.shape), w.dtype, tuple(_place(t) for t in keyed))
         kept = self._kept.get(key)
-        if (kept is not None and kept.storage() is storage and kept.version == w._version
-                and kept.data_ptr == w.data_ptr()):
+        if kept is not None and kept.current(keyed):
             self.reuses += 1
         else:
-            kept = _Kept(weakref.ref(storage, lambda _, key=key: self._kept.pop(key, None)), w._version,
-                         w.data_ptr(), cast())
+            def drop(_, key=key):
+                self._kept.pop(key, None)
+
+            kept = _Kept(tuple(weakref.ref(t.untyped_storage(), drop) for t in keyed), tuple(t._version for t in keyed),
+                         tuple(t.data_ptr() for t in keyed), cast())
             self._kept[key] = kept
             self.casts += 1
         return NVFP4WeightStack(*(t.clone() for t in kept.copies.as_tuple()))
@@ -112,9 +133,10 @@ def reuse_weight_casts() -> Iterator[WeightCastReuse]:
                       stacklevel=3)
 
 
-def weight_copies(w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack]) -> NVFP4WeightStack:
+def weight_copies(w: torch.Tensor, block_2d: bool, cast: Callable[[], NVFP4WeightStack],
+                  sources: Optional[list[torch.Tensor]] = None, derivation: str = "") -> NVFP4WeightStack:
     """`w`'s packed NVFP4 copies: through the active block where there is one and the stream
-    is not being captured into a CUDA graph, else ``cast()``."""
+    is not being captured into a CUDA graph (``WeightCastReuse.copies``), else ``cast()``."""
     if _ACTIVE is None or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
         return cast()
-    return _ACTIVE.copies(w, block_2d, cast)
+    return _ACTIVE.copies(w, block_2d, cast, sources, derivation)

@@ -380,10 +380,12 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                 if activation == "srelu" and recompute:  # control: kept whole, the op is seen
                     with launches_traced(False):
                         trace("untraced", forward, x, w1, w2, sizes, probs)
-                    # the backend option reuse_weight_casts: the weights' casts one opaque op
-                    trace("reuse", lambda *args: fused.grouped_mlp_fwd(
-                        *args, **options._asdict(), block_2d=True, fused_fc1=True, fused_amax=False,
-                        reuse_weight_casts=True), x, w1, w2, sizes, probs)
+                    # the backend option reuse_weight_casts: the weights' casts one opaque op, keyed
+                    # on the graph inputs the weights come from (here the weights themselves)
+                    trace("reuse", lambda x, w1, w2, sizes, probs: fused.grouped_mlp_fwd(
+                        x, w1, w2, sizes, probs, w1, None, w2, **options._asdict(), block_2d=True, fused_fc1=True,
+                        fused_amax=False, reuse_weight_casts=True, weight_derivation="fc1 = W; fc2 = W"),
+                        x, w1, w2, sizes, probs)
             key = f"{activation} recompute={recompute}"
             results[key] = {"fw": summarize(graphs["fw"], FW_INPUTS), "bw": summarize(graphs["bw"], BW_INPUTS)}
             for control in ("untraced", "reuse"):
@@ -429,7 +431,7 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
         # with reuse_weight_casts the weight stacks' casts are the eager op (run at every step,
         # it consults a reuse_weight_casts() block), their packed copies dequantized for the GEMMs
         reuse = result["graphs"].pop("reuse")
-        assert "nvfp4.quantize_weights.default" in reuse["targets"] and reuse["shared_codes"] == 0, (mode, reuse)
+        assert "nvfp4.quantize_weights_from.default" in reuse["targets"] and reuse["shared_codes"] == 0, (mode, reuse)
         assert "_dequantize_kernel" in reuse["kernels"], (mode, reuse["kernels"])
 
     for mode, result in results.items():

@@ -88,6 +88,96 @@ def test_inductor_compiled_micro_batches_with_the_option_equal_casting_every_tim
     assert counts == [(2, 2 * (MICRO_BATCHES - 1))]
 
 
+def _library_steps(model, make_inputs, fn, block, autocast=False):
+    """Gradients of `model`'s parameters after 3 micro-batches of `fn` (a loss of its output)."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(1)
+    with block() if block else contextlib.nullcontext():
+        for i in range(MICRO_BATCHES):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                out = fn(*make_inputs(i))
+            out.float().square().mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("case", ["torchtitan", "fp32_masters_autocast"])
+def test_weights_made_anew_each_step_are_keyed_on_the_parameters_they_come_from(case):
+    """A compiled site whose weight stack is made at every step from a parameter: torchtitan's
+    experts (w1 and w3 concatenated, each ``.bfloat16().transpose(-2, -1)``), and fp32 master
+    weights under bf16 autocast (a bf16 copy of a transformers model's experts). The kept
+    copies are keyed on the parameters and on how the stack is made from them: each
+    stack cast once, the gradients bitwise those of casting every time."""
+    import library_models as lib
+    from moe_models import TitanMoE
+
+    torch.manual_seed(0)
+    if case == "torchtitan":
+        model, autocast = TitanMoE(), False
+        make_inputs = model.inputs
+    else:
+        model, autocast = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train(), True
+
+        def make_inputs(i):
+            return (lib.input_ids(i),)
+
+    torch._dynamo.reset()
+    fresh = _library_steps(model, make_inputs, torch.compile(model, backend=nv.backend(compiler="aot_eager")), None,
+                           autocast)
+    torch._dynamo.reset()
+    counts = []
+    compiled = torch.compile(model, backend=nv.backend(compiler="aot_eager", reuse_weight_casts=True))
+    _equal(_library_steps(model, make_inputs, compiled, _counted_block(counts), autocast), fresh)
+    assert counts == [(2, 2 * (MICRO_BATCHES - 1))]
+
+
+def test_a_derived_stack_is_cast_again_when_its_parameter_changes():
+    """fp32 master weights under autocast with an optimizer step between micro-batches: the
+    step moves the fp32 parameters' version counters, so their bf16 copies are cast again."""
+    import library_models as lib
+
+    torch.manual_seed(0)
+    model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+
+    def steps(fn, block):
+        model.load_state_dict(start)
+        counts, out = [], []
+        torch.manual_seed(1)
+        with _counted_block(counts)() if block else contextlib.nullcontext():
+            for i in range(MICRO_BATCHES):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = fn(lib.input_ids(i)).float().square().mean()
+                loss.backward()
+                out.append(loss.detach())
+                opt.step()
+                opt.zero_grad()
+        return out + [p.detach().clone() for p in model.parameters()], counts
+
+    torch._dynamo.reset()
+    fresh, _ = steps(torch.compile(model, backend=nv.backend(compiler="aot_eager")), False)
+    torch._dynamo.reset()
+    reused, counts = steps(torch.compile(model, backend=nv.backend(compiler="aot_eager", reuse_weight_casts=True)),
+                           True)
+    _equal(reused, fresh)
+    assert counts == [(2 * MICRO_BATCHES, 0)]
+
+
+def test_one_parameter_made_into_two_stacks_keeps_two_copies():
+    """The same parameter made into stacks of the same shape in two ways (as a square model
+    could use it for fc1 and, transposed, for fc2) is two entries: the key holds how."""
+    w = torch.randn(4, 32, 32, dtype=torch.bfloat16)
+    op = torch.ops.nvfp4.quantize_weights_from
+    with nv.reuse_weight_casts() as reuse:
+        plain = op(w, [w], "fc1 = W", True)
+        flipped = op(w.transpose(1, 2).contiguous(), [w], "fc2 = W.transpose(1, 2)", True)
+        _equal(op(w, [w], "fc1 = W", True), plain)
+        _equal(op(w.transpose(1, 2).contiguous(), [w], "fc2 = W.transpose(1, 2)", True), flipped)
+    assert (reuse.casts, reuse.reuses) == (2, 2)
+    _equal(flipped, torch.ops.nvfp4.quantize_weights(w.transpose(1, 2).contiguous(), True))
+
+
 def test_weights_changed_inside_the_block_are_cast_again():
     """An optimizer step inside the block (in place: the version counter moves) is seen:
     the next forward casts the changed stacks again and equals casting every time."""

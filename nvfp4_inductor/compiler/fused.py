@@ -88,13 +88,16 @@ def _deq(steps) -> dict:
     return dict(rowwise_deq=True) if steps.deq_operands else {}
 
 
-def _weights(steps, w, block_2d, deq, reuse, target):
+def _weights(steps, w, block_2d, deq, reuse, target, sources=(), derivation=""):
     """A weight stack's NVFP4 copies: with ``reuse_weight_casts`` (the backend option) from
-    the eager op, one opaque call in a compiled graph, which reuses the copies kept by an
-    active ``reuse_weight_casts()`` block (``weight_cache.py``; packed, so the GEMM
-    dequantizes its operand), else the target's cast (row-wise as `deq` says)."""
+    the eager op ``quantize_weights_from``, one opaque call in a compiled graph, which
+    reuses the copies kept by an active ``reuse_weight_casts()`` block (``weight_cache.py``;
+    packed, so the GEMM dequantizes its operand), keyed on the graph inputs `w` was made
+    from (`sources`, the ones given) and how (`derivation`), or on `w` itself; else the
+    target's cast (row-wise as `deq` says)."""
     if reuse:
-        return NVFP4WeightStack(*ops.quantize_weights_op(w, block_2d, target))
+        given = [t for t in sources if t is not None]
+        return NVFP4WeightStack(*ops.quantize_weights_from_op(w, given, derivation, block_2d, target))
     return steps.quantize_weights(w, block_2d=block_2d, **deq)
 
 
@@ -121,36 +124,42 @@ def _(after, n, per_rank):
 
 @target_op(f"{LIB}::grouped_mlp_infer")
 def grouped_mlp_infer(
-    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
-    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
-    target: str, fused_fc1: bool, fused_amax: bool, reuse_weight_casts: bool = False,
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    fc1_source: Optional[Tensor] = None, fc1_up_source: Optional[Tensor] = None, fc2_source: Optional[Tensor] = None,
+    *, activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
+    target: str, fused_fc1: bool, fused_amax: bool, reuse_weight_casts: bool = False, weight_derivation: str = "",
 ) -> Tensor:
-    """Forward only (no_grad / inference): row-wise copies only, nothing kept."""
+    """Forward only (no_grad / inference): row-wise copies only, nothing kept. The sources
+    and ``weight_derivation``: ``fused_grouped_mlp``'s."""
     check_group_sizes_values(group_sizes, x.shape[0])
     steps = steps_for(target, x.device)
     deq = _deq(steps)
     xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=False, rht=rht, sign_mask=sign_mask, **deq)
-    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target)
+    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target, (fc1_source, fc1_up_source),
+                   f"fc1 of {weight_derivation}")
     _, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
                       sign_mask)
     del xq, w1q
     dq = steps.group_quantize(d, group_sizes, rowwise=True, columnwise=False,
                               rowwise_amax=amax[0] if amax is not None else None, **deq)
     del d
-    return _fc2(steps, dq, _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target), group_sizes)
+    w2q = _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target, (fc2_source,),
+                   f"fc2 of {weight_derivation}")
+    return _fc2(steps, dq, w2q, group_sizes)
 
 
 @grouped_mlp_infer.register_fake
-def _(x, fc1_weight, fc2_weight, group_sizes, probs, **options):
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, *sources, **options):
     return x.new_empty(x.shape[0], fc2_weight.shape[1])
 
 
 @target_op(f"{LIB}::grouped_mlp_fwd")
 def grouped_mlp_fwd(
-    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor], *,
-    activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
+    x: Tensor, fc1_weight: Tensor, fc2_weight: Tensor, group_sizes: Tensor, probs: Optional[Tensor],
+    fc1_source: Optional[Tensor] = None, fc1_up_source: Optional[Tensor] = None, fc2_source: Optional[Tensor] = None,
+    *, activation: str, tanh_clamp_scale: Optional[float], rht: bool, sign_mask: int, block_2d: bool,
     stochastic_rounding: bool, recompute: bool, target: str, fused_fc1: bool, fused_amax: bool, fused_dgrad: bool,
-    sr_per_rank: bool = True, reuse_weight_casts: bool = False,
+    sr_per_rank: bool = True, reuse_weight_casts: bool = False, weight_derivation: str = "",
 ) -> list[Tensor]:
     """[Y, *SavedForBackward] — D's column-wise data and scales empty with recompute (D is
     rebuilt in the backward).
@@ -162,7 +171,8 @@ def grouped_mlp_fwd(
     steps = steps_for(target, x.device)
     deq = _deq(steps)
     xq = steps.group_quantize(x, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask, **deq)
-    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target)
+    w1q = _weights(steps, fc1_weight, block_2d, deq, reuse_weight_casts, target, (fc1_source, fc1_up_source),
+                   f"fc1 of {weight_derivation}")
     c, d, amax = _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, tanh_clamp_scale,
                       sign_mask)
     kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
@@ -181,7 +191,8 @@ def grouped_mlp_fwd(
                                   rowwise_amax=row_amax, columnwise_amax=col_amax, **deq)
         kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
-    w2q = _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target)
+    w2q = _weights(steps, fc2_weight, block_2d, deq, reuse_weight_casts, target, (fc2_source,),
+                   f"fc2 of {weight_derivation}")
     y = _fc2(steps, dq, w2q, group_sizes)
     saved = SavedForBackward(c=c, w2_col_data=w2q.columnwise_data, w2_col_scale=w2q.columnwise_scale,
                              w2_amax=w2q.amax, **kept)
@@ -189,7 +200,7 @@ def grouped_mlp_fwd(
 
 
 @grouped_mlp_fwd.register_fake
-def _(x, fc1_weight, fc2_weight, group_sizes, probs, *, recompute, **options):
+def _(x, fc1_weight, fc2_weight, group_sizes, probs, *sources, recompute, **options):
     t, h = x.shape
     g, f1, _ = fc1_weight.shape
     f = fc2_weight.shape[2]
@@ -347,7 +358,7 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    x, fc1_weight, fc2_weight, group_sizes, probs = inputs
+    x, fc1_weight, fc2_weight, group_sizes, probs, *_ = inputs
     ctx.save_for_backward(probs, group_sizes, *output[1:])
     # (an option left at its default may be absent from keyword_only_inputs)
     ctx.options = BackwardOptions(**{name: keyword_only_inputs[name] for name in BackwardOptions._fields
@@ -359,7 +370,10 @@ def _backward(ctx, grads):
     probs, group_sizes, *saved = ctx.saved_tensors
     dx, dw1, dw2, dprobs = grouped_mlp_bwd(grads[0], SavedForBackward.unflatten(saved), probs, group_sizes,
                                            ctx.options)
-    return dx, dw1, dw2, None, dprobs if ctx.has_probs else None  # the options are keyword-only: no gradients
+    # No gradients for the weights' sources, which only key reused casts (one entry each that
+    # the call passed: trailing ones left at None are not inputs), nor for the keyword-only options
+    sources = [None] * (len(ctx.needs_input_grad) - 5)
+    return dx, dw1, dw2, None, dprobs if ctx.has_probs else None, *sources
 
 
 grouped_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -384,6 +398,9 @@ def fused_grouped_mlp(
     fc2_weight: Tensor,
     group_sizes: Tensor,
     probs: Optional[Tensor],
+    fc1_source: Optional[Tensor] = None,
+    fc1_up_source: Optional[Tensor] = None,
+    fc2_source: Optional[Tensor] = None,
     *,
     activation: str,
     tanh_clamp_scale: Optional[float],
@@ -398,20 +415,27 @@ def fused_grouped_mlp(
     fused_amax: bool,
     fused_dgrad: bool,
     reuse_weight_casts: bool = False,
+    weight_derivation: str = "",
 ) -> Tensor:
     """What a rewritten site calls (traced by AOTAutograd), options as ``site_options``
     gives them: the inference op when no gradient is needed, else the forward op whose
-    autograd formula runs the backward ops; both run the site's plan."""
+    autograd formula runs the backward ops; both run the site's plan. With
+    ``reuse_weight_casts``, the rewrite passes the graph inputs the weights are made from
+    at every step (``fc1_source`` and ``fc1_up_source`` for fc1, ``fc2_source``; a bf16
+    copy of fp32 master weights, a transpose, a concatenation of gate and up weights) and
+    ``weight_derivation``, how: a ``reuse_weight_casts()`` block keys the weights' kept
+    copies on them (``weight_cache.py``)."""
     check_grouped_mlp_args(x, fc1_weight, fc2_weight, group_sizes, probs, activation, tanh_clamp_scale)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, fc1_weight, fc2_weight, probs)
     )
     common = dict(activation=activation, tanh_clamp_scale=tanh_clamp_scale, rht=rht, sign_mask=sign_mask,
                   block_2d=block_2d, target=target, fused_fc1=fused_fc1, fused_amax=fused_amax,
-                  reuse_weight_casts=reuse_weight_casts)
+                  reuse_weight_casts=reuse_weight_casts, weight_derivation=weight_derivation)
+    sources = (fc1_source, fc1_up_source, fc2_source)
     if not needs_grad:
-        return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, **common)
-    return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **common,
+        return grouped_mlp_infer(x, fc1_weight, fc2_weight, group_sizes, probs, *sources, **common)
+    return grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, *sources, **common,
                            stochastic_rounding=stochastic_rounding, recompute=recompute, fused_dgrad=fused_dgrad,
                            sr_per_rank=sr_per_rank)[0]
 

@@ -148,13 +148,15 @@ class _Inserter:
     def replace(self, site: Site, make_call, options: dict) -> tuple[Node, Node]:
         """(the call node, the node that takes the site output's uses)"""
         x = self.bf16(self.method("flatten", site.x, 0, 1) if site.x_batched else site.x)
-        fc1 = self.weight(site.fc1_weight)
+        fc1, fc1_how = self.weight(site.fc1_weight)
         if site.fc1_up_weight is not None:
-            fc1 = self.call(torch.cat, [fc1, self.weight(site.fc1_up_weight)], 1)
+            up, up_how = self.weight(site.fc1_up_weight)
+            fc1, fc1_how = self.call(torch.cat, [fc1, up], 1), f"cat([{fc1_how}, {up_how}], 1)"
         if site.gate_second:
             # rolling the 2F rows by F swaps the halves: the gate (silu) half comes first
-            fc1 = self.call(torch.roll, fc1, val(fc1).shape[1] // 2, 1)
-        fc2 = self.weight(site.fc2_weight)
+            shift = val(fc1).shape[1] // 2
+            fc1, fc1_how = self.call(torch.roll, fc1, shift, 1), f"roll({fc1_how}, {shift}, 1)"
+        fc2, fc2_how = self.weight(site.fc2_weight)
         sizes = self.group_sizes(site, x)
         probs = site.probs
         if probs is not None and val(probs).dim() != 1:
@@ -164,7 +166,12 @@ class _Inserter:
         x_val, fc2_val = val(x), val(fc2)
         with self.fake_mode:
             y_val = x_val.new_empty((x_val.shape[0], fc2_val.shape[1]), dtype=torch.bfloat16)
-        y = call = self._insert("call_function", make_call, (x, fc1, fc2, sizes, probs),
+        args = (x, fc1, fc2, sizes, probs)
+        if options.get("reuse_weight_casts"):  # what the weights' kept copies are keyed on (fused_grouped_mlp)
+            sources, inputs_how = _weight_sources(site)
+            args += sources
+            options = {**options, "weight_derivation": f"fc1 = {fc1_how}; fc2 = {fc2_how}; {inputs_how}"}
+        y = call = self._insert("call_function", make_call, args,
                                 {"activation": site.activation, "tanh_clamp_scale": site.tanh_clamp_scale,
                                  **options}, value=y_val)
         if site.x_batched:
@@ -175,9 +182,16 @@ class _Inserter:
         _erase_dead(self.graph, site.nodes)
         return call, y
 
-    def weight(self, weight: Weight) -> Node:
-        w = self.bf16(weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0))
-        return w if weight.layout == "out_in" else self.call(torch.transpose, w, 1, 2)
+    def weight(self, weight: Weight) -> tuple[Node, str]:
+        """The weight as a (G, out, in) bf16 stack, and how it is made from the graph's nodes
+        (``fused_grouped_mlp``'s ``weight_derivation``)."""
+        how = "W" if weight.stacked else f"stack({len(weight.nodes)} W_e, 0)"
+        w = weight.nodes[0] if weight.stacked else self.call(torch.stack, list(weight.nodes), 0)
+        if val(w).dtype != torch.bfloat16:
+            w, how = self.bf16(w), f"{how}.to(bf16)"
+        if weight.layout != "out_in":
+            w, how = self.call(torch.transpose, w, 1, 2), f"{how}.transpose(1, 2)"
+        return w, how
 
     def fold_row_mask(self, mask: Node, zero_where: bool, probs: Node | None) -> Node:
         """probs with the rows where ``mask`` is ``zero_where`` set to 0 (RowMask;
@@ -212,6 +226,47 @@ class _Inserter:
         if val(out).dtype != torch.int32:
             out = self.method("to", out, torch.int32)
         return out
+
+
+# Ops whose result is a fixed function of one tensor argument (every other argument a
+# constant): a weight made from a graph input by these alone is unchanged while the input is.
+_PURE_METHODS = frozenset({"to", "bfloat16", "float", "type", "contiguous", "view", "reshape", "transpose", "t",
+                           "permute", "detach"})
+_PURE_FUNCTIONS = frozenset({torch.transpose, torch.reshape, torch.t, torch.permute})
+
+
+def _graph_input(node: Node) -> tuple[Optional[Node], str]:
+    """The graph input (a parameter) `node` is made from by pure single-tensor ops, and
+    how ("W = input.bfloat16()"); (None, "") where it is made otherwise."""
+    how = []
+    while node.op in ("call_method", "call_function"):
+        pure = node.target in (_PURE_METHODS if node.op == "call_method" else _PURE_FUNCTIONS)
+        rest = (*node.args[1:], *node.kwargs.items())
+        others = []
+        torch.fx.node.map_arg(rest, others.append)  # any other node: not a function of one input
+        if not (pure and node.args and isinstance(node.args[0], Node)) or others:
+            return None, ""
+        how.append(f"{getattr(node.target, '__name__', node.target)}{rest}")
+        node = node.args[0]
+    if node.op not in ("placeholder", "get_attr"):
+        return None, ""
+    return node, ".".join(["input", *reversed(how)])
+
+
+def _weight_sources(site: Site) -> tuple[tuple[Optional[Node], Optional[Node], Optional[Node]], str]:
+    """(fc1's, fc1's up half's, fc2's) graph input where the site's weight is one stacked
+    tensor made from a graph input (a parameter) by pure ops (``_graph_input``), and how;
+    None where it is not (per-expert weights, a weight the user's code computes from
+    other tensors), and then the kept copies are keyed on the weight the call receives."""
+
+    def source(weight: Optional[Weight]) -> tuple[Optional[Node], str]:
+        return _graph_input(weight.nodes[0]) if weight is not None and weight.stacked else (None, "")
+
+    (fc1, fc1_how), (up, up_how), (fc2, fc2_how) = map(source, (site.fc1_weight, site.fc1_up_weight,
+                                                                 site.fc2_weight))
+    if fc1 is None or (site.fc1_up_weight is not None and up is None):
+        fc1 = up = None
+    return (fc1, up, fc2), f"W of fc1 = {fc1_how}, of its up half = {up_how}, of fc2 = {fc2_how}"
 
 
 def _erase_dead(graph: torch.fx.Graph, nodes) -> None:
