@@ -203,8 +203,9 @@ def _measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
     found = counters["nvfp4"]["sites_rewritten"] + counters["nvfp4"]["sites_rejected"]
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend != "inductor" else "-"
     graph_breaks = sum(counters["graph_break"].values())
+    note = "graphs skipped" if counters["inductor"]["cudagraph_skips"] else ""
     return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
-                    first_s, loss, sites, graph_breaks, "graphs skipped" if counters["inductor"]["cudagraph_skips"] else "")
+                    first_s, loss, sites, graph_breaks, note)
 
 
 def _backend(name: str, compiler: str):
