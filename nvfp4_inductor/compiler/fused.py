@@ -469,8 +469,8 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
     d_amax = [] if plan.fused_amax else [("amax pass over D (pre + post RHT)", "group_hadamard_amax")]
     forward = [
         (f"quantize x: row + {col}{deq}", "group_quantize"),
-        ("quantize W1, W2: row + col, packed; copies of those kept by a reuse_weight_casts() block "
-         "where one is active" if reuse_weight_casts else f"quantize W1, W2: row + col{deq}", "quantize_weights"),
+        ("quantize W1, W2: row + col, packed; reused inside a reuse_weight_casts() block" if reuse_weight_casts
+         else f"quantize W1, W2: row + col{deq}", "quantize_weights"),
         *fc1,
         *(d_amax + [(f"quantize D: row only, given amax{deq}", "group_quantize")] if recompute
           else [(f"quantize D: row + {col}" + (", given amaxes" if plan.fused_amax else "") + deq, "group_quantize")]),
