@@ -33,8 +33,10 @@ block whenever one is active. A model compiled with ``backend="nvfp4"`` does so 
 backend option ``reuse_weight_casts=True``, which makes each weight stack's cast one opaque
 op in the compiled graph (``nvfp4::quantize_weights_from``), so that the check runs on every step
 instead of kernels launched by Inductor's code. Under CUDA-graph capture the block is not
-consulted (a replay would read copies kept at capture after the weights had changed): the
-stack is cast, as without a block.
+consulted (a replay runs no Python, so it would read copies kept at capture after the
+weights had changed): a graph captured by hand casts at every replay. The backend refuses
+the option together with Inductor's CUDA graph trees (``mode="reduce-overhead"``), whose
+warm-up runs in their own memory pool (``compiler/backend.py``, ``REUSE_UNDER_CUDA_GRAPHS``).
 """
 
 from __future__ import annotations

@@ -320,29 +320,73 @@ def test_gpu_micro_batches_reusing_weight_casts_equal_casting_every_time(activat
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_cuda_graphs_cast_the_weights_they_replay_on():
-    """Under CUDA graphs (Inductor's graph trees) the block is not consulted while a step is
-    captured, so replays cast the weights as they are: with the weights changed in place
-    between steps (an optimizer step each), every step equals the same steps without
-    graphs and without a block."""
+def test_gpu_a_graph_captured_inside_the_block_casts_the_weights_it_replays_on():
+    """A compiled step captured by hand (torch.cuda.graph) inside a block: the capture does
+    not consult the block, so every replay casts the weights as they are then. With the
+    weights changed in place between replays, each replay equals the same step run
+    without graphs and without a block from the same generator state."""
     mlp, xs, sizes, probs, dy = _gpu_case("srelu")
-    xs = [xs[0]] * 4  # warm-up, record, two replays
+    x = xs[0]
     start = [p.detach().clone() for p in mlp.parameters()]
 
-    def nudge(i):
-        with torch.no_grad():
-            for p in mlp.parameters():
-                p.mul_(0.5)
-
-    def restart():
+    def set_weights(scale):
         with torch.no_grad():
             for p, s in zip(mlp.parameters(), start):
-                p.copy_(s)
+                p.copy_(s * scale)
+
+    def step(fn):
+        return torch.autograd.grad(fn(x, sizes, probs), (x, mlp.fc1_weight, mlp.fc2_weight, probs), dy)
 
     torch._dynamo.reset()
-    fresh = _gpu_steps(torch.compile(mlp, backend="nvfp4"), mlp, xs, sizes, probs, dy, between=nudge)
-    restart()
-    graphed = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True), mode="reduce-overhead")
+    plain = torch.compile(mlp, backend="nvfp4")
+    want = []
+    torch.cuda.manual_seed(5)
+    for scale in (1.0, 0.5):
+        set_weights(scale)
+        want += [g.clone() for g in step(plain)]
+
+    fn = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True))
+    set_weights(1.0)
     with nv.reuse_weight_casts():
-        _equal(_gpu_steps(graphed, mlp, xs, sizes, probs, dy, between=nudge), fresh)
+        side = torch.cuda.Stream()  # warm-up off the capture stream, as torch.cuda.graph requires
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step(fn)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(fn)
+        got = []
+        torch.cuda.manual_seed(5)
+        for scale in (1.0, 0.5):
+            set_weights(scale)
+            graph.replay()
+            got += [g.clone() for g in out]
+    _equal(got, want)
     torch._dynamo.reset()
+
+
+def test_the_option_is_refused_under_cuda_graph_trees():
+    """Inductor's graph trees warm a graph up in their own memory pool: kept copies made then
+    would live where replays write (backend.REUSE_UNDER_CUDA_GRAPHS)."""
+    from torch._inductor import config
+
+    from nvfp4_inductor.compiler.backend import check_mode
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    reuse = BackendOptions(reuse_weight_casts=True)
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ValueError, match=f"reuse_weight_casts=True does not run under CUDA graphs .mode='{mode}'"):
+            check_mode(mode, reuse)
+    with config.patch({"triton.cudagraphs": True}):
+        with pytest.raises(ValueError, match="torch._inductor.config.triton.cudagraphs is set"):
+            check_mode(None, reuse)
+        check_mode("max-autotune-no-cudagraphs", BackendOptions())  # without the option: as before
+    check_mode("max-autotune-no-cudagraphs", reuse)
+    check_mode(None, BackendOptions(reuse_weight_casts=True, compiler="aot_eager"))
+    mlp, xs, sizes, probs = _model_and_batches()
+    torch._dynamo.reset()
+    compiled = torch.compile(mlp, backend=nv.backend(reuse_weight_casts=True), mode="reduce-overhead")
+    with pytest.raises(Exception, match="reuse_weight_casts=True does not run under CUDA graphs"):
+        compiled(xs[0], sizes, probs)

@@ -162,20 +162,33 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     return record
 
 
+REUSE_UNDER_CUDA_GRAPHS = (
+    "nvfp4 backend: reuse_weight_casts=True does not run under CUDA graphs ({why}). A replay runs no "
+    "Python, so it casts the weights at every step anyway, and Inductor's graph trees warm a graph up "
+    "with their private memory pool in use: copies kept then would be allocations the trees do not "
+    "track, in memory their replays reuse. Compile with one or the other."
+)
+
+
 def check_mode(mode: Optional[str], options: BackendOptions) -> None:
     """torch.compile hands a custom backend its ``mode`` unchecked (stock Inductor checks
     its own); here it is one of Inductor's modes, and only where Inductor compiles:
-    ``compiler="aot_eager"`` would drop it silently (no CUDA graphs, no autotuning)."""
-    if mode is None:
-        return
-    from torch._inductor import list_mode_options
+    ``compiler="aot_eager"`` would drop it silently (no CUDA graphs, no autotuning). Nor
+    may CUDA graphs (a mode's or Inductor's own ``triton.cudagraphs``) meet the option
+    ``reuse_weight_casts`` (``REUSE_UNDER_CUDA_GRAPHS`` says why)."""
+    from torch._inductor import config, list_mode_options
 
-    if mode not in list_mode_options():
+    if mode is not None and mode not in list_mode_options():
         raise ValueError(f"unknown torch.compile mode {mode!r} for the nvfp4 backend; valid modes are "
                          f"{sorted(list_mode_options())}")
-    if options.compiler != "inductor":
+    if mode is not None and options.compiler != "inductor":
         raise ValueError(f"torch.compile mode {mode!r} configures Inductor; the nvfp4 backend's "
                          f"compiler={options.compiler!r} would ignore it")
+    by_mode = list_mode_options(mode).get("triton.cudagraphs") if mode is not None else None
+    if options.reuse_weight_casts and options.compiler == "inductor" and (by_mode or (
+            by_mode is None and config.triton.cudagraphs)):
+        why = f"mode={mode!r}" if by_mode else "torch._inductor.config.triton.cudagraphs is set"
+        raise ValueError(REUSE_UNDER_CUDA_GRAPHS.format(why=why))
 
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
