@@ -93,10 +93,14 @@ class WeightCastReuse:
         """`w`'s packed copies: kept ones where what they were keyed on is unchanged since
         they were made, else ``cast()``'s, kept. Keyed on `w` itself, or, where `w` is made
         anew at every step from graph inputs (``sources``: a bf16 copy of fp32 master
-        weights, a concatenation, a stack of per-expert weights), on those inputs and the
+        weights, a concatenation of gate and up weights), on those inputs and the
         `derivation` that names how `w` is made from them. Returned as new tensors (the
-        module docstring says why)."""
+        module docstring says why). Inference tensors (made under ``torch.inference_mode``)
+        keep no version counter: those are cast every time."""
         keyed = tuple(sources) if sources else (w,)
+        if any(t.is_inference() for t in keyed):
+            self.casts += 1
+            return cast()
         key = (derivation, block_2d, tuple(w.shape), w.dtype, tuple(_place(t) for t in keyed))
         kept = self._kept.get(key)
         if kept is not None and kept.current(keyed):

@@ -228,6 +228,16 @@ def test_kept_copies_are_keyed_on_the_stack_and_its_view():
     assert (reuse.casts, reuse.reuses) == (4, 1)
 
 
+def test_inference_tensors_are_cast_every_time():
+    """A weight made under torch.inference_mode has no version counter to check."""
+    with torch.inference_mode():
+        w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
+    with nv.reuse_weight_casts() as reuse, torch.inference_mode():
+        for _ in range(2):
+            _equal(torch.ops.nvfp4.quantize_weights(w, True), torch.ops.nvfp4.quantize_weights(w.clone(), True))
+    assert (reuse.casts, reuse.reuses) == (2, 0)
+
+
 def test_a_freed_weight_drops_its_kept_copies():
     with nv.reuse_weight_casts() as reuse:
         w = torch.randn(4, 48, 32, dtype=torch.bfloat16)
