@@ -28,3 +28,9 @@ def test_no_work_tracking_ids(path):
     text = (ROOT / path).read_text()
     found = re.findall(r"\b(?:issue \d+|runs? [EQP]\d+|run \d+\b)", text)
     assert not found, f"{path} names {found}: cite the command, the date and the log file instead"
+
+
+def test_accumulation_table_reuses_the_casts_and_matches_bitwise():
+    table = demo.accumulation_table("cpu", micro_batches=3)
+    row = table.splitlines()[-1].split()
+    assert row[:3] == ["3", "2", "4"] and table.rstrip().endswith("bitwise equal"), table
