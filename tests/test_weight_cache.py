@@ -284,22 +284,18 @@ def test_option_is_checked_and_explain_names_the_reuse():
 
 # ---------------------------------------------------------------------------------------
 # On a GPU (`pytest -m gpu`): the Triton target, whose fused ops are traced as their kernel
-# launches, and CUDA graphs
+# launches, and a CUDA graph captured by hand
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _gpu_steps(fn, mlp, xs, sizes, probs, dy, between=None):
-    """dX, dW1, dW2, dprobs of each step (torch.autograd.grad: nothing accumulates in .grad,
-    so a CUDA graph may replay the step), from generator state 5."""
+def _gpu_steps(fn, mlp, xs, sizes, probs, dy):
+    """dX, dW1, dW2, dprobs of each step, from generator state 5."""
     torch.cuda.manual_seed(5)
     out = []
-    for i, x in enumerate(xs):
-        torch.compiler.cudagraph_mark_step_begin()
+    for x in xs:
         y = fn(x, sizes, probs)
         out += [g.clone() for g in torch.autograd.grad(y, (x, mlp.fc1_weight, mlp.fc2_weight, probs), dy)]
-        if between:
-            between(i)
     return out
 
 
