@@ -541,6 +541,11 @@ def host_sample(step, device, py_spy: str, seconds=4, rate=200, top=12) -> str:
 # ---------------------------------------------------------------------------------------
 # rows
 
+def kept_note(nbytes: int) -> str:
+    """The note of a row run inside a reuse_weight_casts block: the memory its kept copies hold."""
+    return f"kept copies {nbytes / 2**20:.1f} MiB"
+
+
 def ratio(value, base) -> str:
     return f"{value / base:.2f}" if value is not None and base else "-"
 
@@ -597,7 +602,7 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
                 mem_base = m if not graphs else mem_base
             row = table_row(shape, activation, name, graphs, m, base, mem_base, flops, fl)
             if kept is not None:
-                row[-1] = f"kept copies {kept / 2**20:.1f} MiB"
+                row[-1] = kept_note(kept)
             clock(" | ".join(row))  # progress: a cut-off run still reports
             yield row
             if name == OURS and not graphs:

@@ -62,7 +62,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, progress_clock, ratio, step_peak, table_of
+from grouped_mlp import bench_ms, host_ms, kept_note, progress_clock, ratio, step_peak, table_of
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -185,7 +185,7 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
 
     with nv.reuse_weight_casts() as reuse:
         m = _measure(c, backend, graphs, opts)
-        return m._replace(note=f"kept copies {reuse.kept_bytes / 2**20:.1f} MiB")
+        return m._replace(note=kept_note(reuse.kept_bytes))
 
 
 def _measure(c: Case, backend: str, graphs: bool, opts) -> Measured:

@@ -161,8 +161,7 @@ def quantize_weights_op(w: Tensor, block_2d: bool,
     """NVFP4WeightStack fields of a (G, N, K) expert weight stack; inside a
     ``reuse_weight_casts`` block, copies of the ones kept since the block first cast `w`
     (``weight_cache.py``: the same bits)."""
-    steps = steps_for(target, w.device)
-    return weight_copies(w, block_2d, lambda: steps.quantize_weights(w, block_2d=block_2d)).as_tuple()
+    return _weight_copies(w, block_2d, target)
 
 
 @torch.library.custom_op(f"{LIB}::quantize_weights_from", mutates_args=())
@@ -170,8 +169,13 @@ def quantize_weights_from_op(w: Tensor, sources: list[Tensor], derivation: str, 
                              target: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``quantize_weights`` of a compiled site's weight stack `w`, made at every step from
     the graph inputs `sources` as `derivation` says (a bf16 copy of fp32 master weights, a
-    concatenation, a stack of per-expert weights; `w` itself where `sources` is empty):
-    inside a ``reuse_weight_casts`` block the kept copies are keyed on those inputs."""
+    concatenation of gate and up weights; `w` itself where `sources` is empty): inside a
+    ``reuse_weight_casts`` block the kept copies are keyed on those inputs."""
+    return _weight_copies(w, block_2d, target, sources, derivation)
+
+
+def _weight_copies(w, block_2d, target, sources=None, derivation=""):
+    """The two ops' body: the target's cast, through the active block (``weight_copies``)."""
     steps = steps_for(target, w.device)
     return weight_copies(w, block_2d, lambda: steps.quantize_weights(w, block_2d=block_2d), sources,
                          derivation).as_tuple()

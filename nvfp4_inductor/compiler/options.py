@@ -24,7 +24,7 @@ class BackendOptions:
         of each traced launch while compiling is done once per distinct launch
         (``lowerings/launch_analysis.py``); the results are the same bits either way.
     reuse_weight_casts: each weight stack's NVFP4 copies come from one opaque op
-        (``nvfp4::quantize_weights``) that, inside a ``nvfp4_inductor.reuse_weight_casts()``
+        (``nvfp4::quantize_weights_from``) that, inside a ``nvfp4_inductor.reuse_weight_casts()``
         block, reuses the copies the block kept from its first cast of that stack: the
         micro-batches of one optimizer step cast the weights once (``weight_cache.py``). Same
         bits; False (default) casts inside the traced op, with kernels Inductor launches."""
