@@ -57,18 +57,20 @@ class MoEBlock(nn.Module):
 
 
 class ExpertParallelMoE(nn.Module):
-    """`experts` experts split over the ranks. Each rank sorts its rows by expert, exchanges
-    the per-expert counts, sends each row to the rank owning its expert, runs its local
-    experts on the rows ordered by (local expert, source rank) and sends the results back."""
+    """`experts` experts split over the ranks of `group` (default: all). Each rank sorts its
+    rows by expert, exchanges the per-expert counts, sends each row to the rank owning its
+    expert, runs its local experts on the rows ordered by (local expert, source rank) and
+    sends the results back."""
 
-    def __init__(self, experts: int, hidden: int, ffn: int, recipe, device=None):
+    def __init__(self, experts: int, hidden: int, ffn: int, recipe, device=None, group=None):
         super().__init__()
-        self.world = dist.get_world_size()
+        self.group = group or dist.group.WORLD
+        self.world = dist.get_world_size(self.group)
         self.total, self.local = experts, experts // self.world
         self.experts = nv.GroupedMLP(self.local, hidden, ffn, recipe=recipe, device=device)
 
     def forward(self, x, expert_ids, probs):
-        group, world, local = dist.group.WORLD, self.world, self.local
+        group, world, local = self.group, self.world, self.local
         order = torch.argsort(expert_ids, stable=True)
         # histc, not bincount: its output size is static, so the graph holds no host sync
         counts = torch.histc(expert_ids.float(), bins=self.total, min=0, max=self.total - 1).to(torch.int64)

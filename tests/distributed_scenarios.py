@@ -17,6 +17,10 @@ Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tol
                            dW1, dW2 == a single-process G-expert run over every rank's tokens
     ep_one_graph           the same layer compiled whole (fullgraph, functional collectives,
                            counts .tolist() under capture_scalar_outputs): one graph, one site
+    ep_fsdp2               (4+ ranks, MESH_SCENARIOS) expert parallelism inside FSDP2 on a
+                           (dp, ep) = (2, world/2) mesh, the layer compiled after fully_shard:
+                           Y, dX, dprob == the single-process run of the rank's ep group; dW1,
+                           dW2 == those runs' gradients averaged over the 2 dp groups
     dtensor_shard0         GroupedMLP with Shard(0) DTensor experts and local rows, eager and
                            compiled == the local G/W-expert run; gradients Shard(0)
     dtensor_replicate      all-Replicate DTensors: eager and compiled (site rejected with its
@@ -70,6 +74,7 @@ STEP_SEED = 7
 
 SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_micro_batches", "ep_eager",
              "ep_one_graph", "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
+MESH_SCENARIOS = ("ep_fsdp2",)  # a 2-D mesh: 4 ranks or more (launched apart from SCENARIOS)
 
 
 # ----------------------------------------------------------------------------- launching
@@ -343,6 +348,64 @@ def ep_eager(ctx):
 
 def ep_one_graph(ctx):
     return _ep(ctx, compiled=True)
+
+
+def ep_fsdp2(ctx: Context) -> str:
+    """Expert parallelism inside FSDP2, the layout of large MoE training: a (dp, ep) mesh of
+    2 x world/2 ranks; each row of it is an expert-parallel group holding every expert once
+    (all-to-all within the row), and FSDP2 shards each rank's local experts over its column
+    (the ranks holding the same experts), reducing their gradients there."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dp = 2
+    ep = ctx.world // dp
+    assert ep * dp == ctx.world and G % ep == 0, f"needs an even world size of at least 4 dividing {2 * G}"
+    mesh = init_device_mesh(ctx.device.type, (dp, ep), mesh_dim_names=("dp", "ep"))
+    row, col = ctx.rank // ep, ctx.rank % ep  # my ep group, my place in it
+    torch.manual_seed(0)
+    full = nv.GroupedMLP(G, H, F, recipe=RNE, device=ctx.device)
+    layer = ExpertParallelMoE(G, H, F, RNE, ctx.device, group=mesh.get_group("ep"))
+    mine = slice(col * layer.local, (col + 1) * layer.local)
+    with torch.no_grad():
+        layer.experts.fc1_weight.copy_(full.fc1_weight[mine])
+        layer.experts.fc2_weight.copy_(full.fc2_weight[mine])
+    fully_shard(layer.experts, mesh=mesh["dp"])
+
+    # Single process: each ep group's tokens through all G experts; the weight gradients of
+    # the dp groups summed and divided by dp (as FSDP2 reduces them; 2 terms, so no order).
+    grads, ours = [], None
+    for group_row in range(dp):
+        ranks = range(group_row * ep, (group_row + 1) * ep)
+        x_all, ids_all, p_all, dy_all = (torch.cat(parts) for parts in zip(*(tokens(r, ctx.device) for r in ranks)))
+        x_all.requires_grad_(), p_all.requires_grad_()
+        full.zero_grad()
+        order = torch.argsort(ids_all, stable=True)
+        y_all = full(x_all[order], torch.bincount(ids_all, minlength=G), p_all[order])[torch.argsort(order)]
+        y_all.backward(dy_all)
+        grads.append((full.fc1_weight.grad[mine].clone(), full.fc2_weight.grad[mine].clone()))
+        if group_row == row:
+            rows = slice(col * T, (col + 1) * T)
+            ours = (y_all[rows], x_all.grad[rows], p_all.grad[rows])
+
+    x, ids, p, dy = tokens(ctx.rank, ctx.device)
+    x.requires_grad_(), p.requires_grad_()
+    fresh_counters()
+    layer.compile(backend=nv.backend(recipe=RNE, compiler="aot_eager"))  # after fully_shard
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        y = layer(x, ids, p)
+    y.backward(dy)
+    dw1, dw2 = layer.experts.fc1_weight.grad.full_tensor(), layer.experts.fc2_weight.grad.full_tensor()
+    same(y, ours[0], "Y")
+    same(x.grad, ours[1], "dX")
+    same(p.grad, ours[2], "dprob")
+    same(dw1, (grads[0][0] + grads[1][0]) / dp, "dW1")
+    same(dw2, (grads[0][1] + grads[1][1]) / dp, "dW2")
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"
+    return f"(dp, ep) = ({dp}, {ep}): Y, dX, dprob, dW1, dW2 bitwise; {graphs} graphs, 1 site"
 
 
 # ----------------------------------------------------------------------------- DTensor
