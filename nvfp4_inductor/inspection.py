@@ -210,6 +210,12 @@ def _fix(modules: list[torch.nn.Module], file: str, line: int, what: str) -> str
                 forward.__code__, file, line):
             return (f'model.set_experts_implementation("grouped_mm") (transformers experts; now "{implementation}", '
                     'a per-expert loop)')
+    if "Unsafe side effect" in what:
+        return ("a checkpointed region (torch.utils.checkpoint) that changes Python state outside it (transformers' "
+                "hub-kernel decorators set a context variable in each layer's forward) stays out of the graph, "
+                "and its grouped MLP with it. Where the recompute need not replay the change (that variable's "
+                "set and reset do not), torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True "
+                "lets Dynamo trace the region")
     if "bincount" in what:
         return ("count the rows per expert with torch.histc(ids.float(), bins=G, min=0, max=G - 1): "
                 "no data-dependent size")
@@ -247,6 +253,13 @@ class SiteReport:
     specialisation: str = ""  # what Dynamo specialised the site's routing on
     estimated: bool = False  # saved bytes from size hints: some sizes are data-dependent
     traced: bool = False  # its target's launches are traced into Inductor's code (Target.inline)
+    regions: tuple[str, ...] = ()  # the higher-order ops whose body holds it (rewrite.BODY_HOPS), outermost first
+
+    @property
+    def checkpointed(self) -> bool:
+        """Inside activation checkpointing: its forward is recomputed in the backward, so what
+        it saves lives from that recompute to its backward, not across the step."""
+        return "tag_activation_checkpoint" in self.regions
 
     @property
     def saved_bytes(self) -> int:
@@ -268,7 +281,8 @@ class ExplainReport:
         if self.sites:
             out.append(format_table(
                 ["#", "site", "spelling", "activation", "target", "saved for bwd"],
-                [[i, s.location, s.spelling, s.activation, s.target, _bytes(s.saved_bytes)]
+                [[i, s.location, s.spelling, s.activation, s.target,
+                  "recomputed (checkpointed)" if s.checkpointed else _bytes(s.saved_bytes)]
                  for i, s in enumerate(self.sites)],
             ))
             for i, s in enumerate(self.sites):
@@ -277,6 +291,7 @@ class ExplainReport:
                            f"launches: one call per fused op ({s.target}'s steps are not traced here)")
                 if s.specialisation:
                     out.append(f"routing: {s.specialisation}")
+                out.extend(REGION_NOTES[hop] for hop in s.regions)
                 out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
                 out.append(format_table(["backward step", "runs"], [list(step) for step in s.backward_steps]))
                 out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
@@ -297,6 +312,17 @@ class ExplainReport:
             out.append(f"\n{self.graphs} graphs, but Dynamo logged no graph break: a recompile, or a torch whose "
                        "Dynamo words its graph-break log differently (TORCH_LOGS=graph_breaks prints it)")
         return "\n".join(out)
+
+
+REGION_NOTES = {
+    "tag_activation_checkpoint": (
+        "activation checkpointing: the site is in a checkpointed region (torch.utils.checkpoint), so its "
+        "forward runs again in the backward, with the same bits (the forward rounds to nearest), and the "
+        "tensors below are kept only from that recompute to its backward, not across the step"),
+    "invoke_subgraph": (
+        "nested compile region (torch.compiler.nested_compile_region): the site is in the region's body, "
+        "compiled once, and every call of the region runs it"),
+}
 
 
 def _bytes(n: int) -> str:
@@ -328,7 +354,7 @@ def _size_hint(size) -> tuple[int, bool]:
     return int(expr if not expr.free_symbols else size.node.shape_env.size_hint(expr)), True
 
 
-def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
+def _site_report(site, plan, call_node, options: BackendOptions, regions: tuple[str, ...] = ()) -> SiteReport:
     from .compiler.nodes import val
 
     x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
@@ -345,7 +371,7 @@ def _site_report(site, plan, call_node, options: BackendOptions) -> SiteReport:
     with launches_traced(options.trace_launches):  # as the backend compiles the site
         traced = inlines(plan.target, x.device)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site), estimated, traced)
+                      _specialisation(site), estimated, traced, regions)
 
 
 def _specialisation(site) -> str:
@@ -380,8 +406,8 @@ def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
 
     def recording_backend(gm, example_inputs, **kw):
         record = backend_mod.rewrite_graph(gm, options)
-        graphs.add(([_site_report(site, plan, node, options) for (site, plan), node in zip(record.sites,
-                                                                                            record.call_nodes)],
+        graphs.add(([_site_report(site, plan, node, options, regions)
+                     for (site, plan), node, regions in zip(record.sites, record.call_nodes, record.regions)],
                     [(r.location, r.spelling, r.reason) for r in record.rejections]))
         return gm.forward
 

@@ -118,6 +118,26 @@ def test_whole_model_eval(family):
     assert compared.bitwise and len(compared.rows) == 1, str(compared)
 
 
+def test_gradient_checkpointing():
+    """``model.gradient_checkpointing_enable()``: each decoder layer runs under
+    torch.utils.checkpoint, and the site is rewritten inside the checkpointed region. Where
+    the layer changes Python state outside it (transformers' hub-kernel decorators set a
+    context variable), Dynamo leaves the region out of the graph: explain lists that break
+    with the fix, and with the fix the site is rewritten, bitwise the eager NVFP4 chain."""
+    model = lib.tiny_causal_lm("qwen3_moe").train()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False  # else a warning is logged at every step: a graph break
+    model, ids = lib.Logits(model), lib.input_ids()
+    report = nv.explain(model, ids)
+    if not report.sites:
+        assert any("skip_fwd_side_effects_in_bwd_under_checkpoint" in b.fix for b in report.graph_breaks), str(report)
+    with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+        report = nv.explain(model, ids)
+        compared = nv.compare(model, ids, compiler="aot_eager")
+    assert [s.checkpointed for s in report.sites] == [True], str(report)
+    assert compared.bitwise and compared.sites == 1, str(compared)
+
+
 def test_fp32_master_weights_under_bf16_autocast():
     """fp32 parameters, bf16 autocast around the step (the usual mixed precision): the
     experts run through transformers' own fallback op in fp32; the site is rewritten on

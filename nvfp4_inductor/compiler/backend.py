@@ -32,7 +32,7 @@ from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
-from .rewrite import find_sites, rewrite_sites
+from .rewrite import find_sites, graph_modules, rewrite_sites
 from .site import Rejection, Site
 
 BACKEND_NAME = "nvfp4"
@@ -40,13 +40,15 @@ BACKEND_NAME = "nvfp4"
 
 @dataclasses.dataclass
 class CompiledGraphRecord:
-    """What one backend call did, for ``explain``: each site with its plan and the call
-    node that replaced it, and each rejection."""
+    """What one backend call did, for ``explain``: each site with its plan, the call node
+    that replaced it and the higher-order ops whose body it is in (``rewrite.BODY_HOPS``,
+    outermost first; () in the graph itself), and each rejection."""
 
     sites: list[tuple[Site, Plan]]
     call_nodes: list[torch.fx.Node]
     rejections: list[Rejection]
     options: BackendOptions
+    regions: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
 
 
 class _PackageVersion(CustomGraphPass):
@@ -142,23 +144,26 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     gives each site's (callable, its constant keyword arguments) (default: the fused NVFP4
     ops running the plan, ``_site_call``). Counts graphs, sites and
     rejections in ``torch._dynamo.utils.counters["nvfp4"]`` (and per spelling)."""
-    sites, rejections = find_sites(gm)
     device = example_device(gm)
-    record = CompiledGraphRecord([], [], rejections, options)
+    record = CompiledGraphRecord([], [], [], options)
     counters["nvfp4"]["graphs"] += 1
-    counters["nvfp4"]["sites_rewritten"] += len(sites)
-    counters["nvfp4"]["sites_rejected"] += len(rejections)
-    for rejection in rejections:
-        counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
-    calls = []
-    for site in sites:
-        counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
-        site_backend_options = _options_for(site, options)
-        plan = plan_for(site, device, site_backend_options.recipe)
-        calls.append((site_call or _site_call)(site_backend_options, plan))
-        record.sites.append((site, plan))
-    record.call_nodes.extend(rewrite_sites(gm, sites, make_call=[fn for fn, _ in calls],
-                                           call_options=[kwargs for _, kwargs in calls]))
+    for module, inside in graph_modules(gm):  # the graph, then the bodies of checkpointed / nested regions
+        sites, rejections = find_sites(module)
+        record.rejections.extend(rejections)
+        counters["nvfp4"]["sites_rewritten"] += len(sites)
+        counters["nvfp4"]["sites_rejected"] += len(rejections)
+        for rejection in rejections:
+            counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
+        calls = []
+        for site in sites:
+            counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
+            site_backend_options = _options_for(site, options)
+            plan = plan_for(site, device, site_backend_options.recipe)
+            calls.append((site_call or _site_call)(site_backend_options, plan))
+            record.sites.append((site, plan))
+            record.regions.append(inside)
+        record.call_nodes.extend(rewrite_sites(module, sites, make_call=[fn for fn, _ in calls],
+                                               call_options=[kwargs for _, kwargs in calls]))
     return record
 
 
@@ -218,7 +223,7 @@ def traces_launches(gm: torch.fx.GraphModule, options: BackendOptions) -> bool:
     code: ``trace_launches`` and a site whose plan's target inlines (lowerings/inline.py)."""
     if not options.trace_launches:
         return False
-    targets = {node.kwargs.get("target") for node in gm.graph.nodes
+    targets = {node.kwargs.get("target") for module, _ in graph_modules(gm) for node in module.graph.nodes
                if node.op == "call_function" and node.target is fused_grouped_mlp}
     return any(get_target(name).inline() for name in targets if name is not None)
 

@@ -49,6 +49,31 @@ MATCHERS = (
 )
 
 
+# Higher-order ops that call a body graph as plain code each time they run, and that
+# AOTAutograd traces through into the joint graph: activation checkpointing
+# (torch.utils.checkpoint; AOTAutograd tags the body's nodes for recomputation in the
+# backward) and nested compile regions (torch.compiler.nested_compile_region). A grouped
+# MLP inside one is rewritten in its body, so it is recomputed (or shared) with the rest
+# of the body. Their first argument is the body, a submodule of the graph module.
+BODY_HOPS = ("tag_activation_checkpoint", "invoke_subgraph")
+
+
+def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, tuple[str, ...]]]:
+    """`gm`, then the body of every ``BODY_HOPS`` call in it (and in those bodies), each once
+    (a nested compile region's calls share one body), with the ``BODY_HOPS`` it runs
+    inside, outermost first (() for `gm`)."""
+    found = [(gm, ())]
+    for module, inside in found:
+        for node in module.graph.nodes:
+            hop = getattr(node.target, "__name__", None) if node.op == "call_function" else None
+            if (hop in BODY_HOPS and isinstance(node.target, torch._ops.HigherOrderOperator)
+                    and node.args and isinstance(node.args[0], Node) and node.args[0].op == "get_attr"):
+                body = getattr(module, node.args[0].target)
+                if isinstance(body, torch.fx.GraphModule) and all(body is not m for m, _ in found):
+                    found.append((body, (*inside, hop)))
+    return found
+
+
 def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
     sites, rejections = [], []
     for _, find in MATCHERS:

@@ -1,0 +1,163 @@
+"""Activation checkpointing and nested compile regions around a grouped MLP.
+
+Dynamo puts a checkpointed region (torch.utils.checkpoint) and a nested compile region
+(torch.compiler.nested_compile_region) in the graph as a higher-order op whose body is a
+graph of its own (full, selective and reentrant checkpointing alike); the backend rewrites the sites in those bodies (compiler/rewrite.py,
+``BODY_HOPS``). Checked here: the site inside is rewritten, compiled == the eager NVFP4
+chain bit for bit, checkpointing changes no bit of any output or gradient (the forward
+rounds to nearest, and the backward draws its stochastic-rounding seeds as without it),
+and what the step keeps from forward to backward is the region's inputs, not the block's
+NVFP4 copies (the forward is recomputed in the backward). transformers' own gradient
+checkpointing is in test_model_libraries.py.
+"""
+
+import functools
+
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+import moe_models as mm
+import nvfp4_inductor as nv
+
+PACKED = (torch.uint8, torch.float8_e4m3fn)  # what the block's NVFP4 copies are made of
+
+
+def _recompute_all_but_mm(ctx, op, *args, **kwargs):
+    """A selective-checkpointing policy (torchtitan's kind): keep matmul outputs, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+CHECKPOINTS = {
+    "full": dict(use_reentrant=False),
+    "selective": dict(use_reentrant=False,
+                      context_fn=functools.partial(create_selective_checkpoint_contexts, _recompute_all_but_mm)),
+    "reentrant": dict(use_reentrant=True),  # Dynamo traces it as the non-reentrant form
+}
+
+
+class Block(torch.nn.Module):
+    """A residual torchtitan MoE (a router, grouped experts, a shared expert), its MoE
+    checkpointed as ``CHECKPOINTS[how]`` says, or not (how=None)."""
+
+    def __init__(self, how=None):
+        super().__init__()
+        self.moe, self.how = mm.TitanMoE(), how
+
+    def forward(self, x):
+        return x + (checkpoint(self.moe, x, **CHECKPOINTS[self.how]) if self.how else self.moe(x))
+
+
+def _step(how, compiler: str, seed: int = 0, device: str = "cpu"):
+    """One compiled step: (output, gradients of x and every parameter, dtypes the step
+    kept for backward, sites rewritten)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    block = Block(how).to(device)
+    x = block.moe.inputs(seed)[0].to(device).requires_grad_()
+    kept = []
+
+    def pack(t):
+        kept.append(t.dtype)
+        return t
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(block, backend=nv.backend(compiler=compiler))
+    torch.manual_seed(1)  # the backward's stochastic-rounding seeds
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = compiled(x)
+    y.float().square().mean().backward()
+    grads = [x.grad] + [p.grad for p in block.parameters()]
+    return y, grads, kept, counters["nvfp4"]["sites_rewritten"]
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("how, compiler", [("full", "aot_eager"), ("full", "inductor"), ("selective", "aot_eager"),
+                                          ("reentrant", "aot_eager")])
+def test_checkpointing_recomputes_the_block_and_changes_no_bit(how, compiler):
+    y, grads, kept, sites = _step(None, compiler)
+    y_ac, grads_ac, kept_ac, sites_ac = _step(how, compiler)
+    assert sites == sites_ac == 1
+    assert _same_bits(y, y_ac)
+    assert all(_same_bits(a, b) for a, b in zip(grads, grads_ac, strict=True))
+    # without checkpointing the step keeps the block's packed copies; with it, none
+    assert set(kept) & set(PACKED), kept
+    assert not set(kept_ac) & set(PACKED), kept_ac
+    assert len(kept_ac) < len(kept)
+
+
+def test_checkpointed_site_compiled_equal_eager_chain():
+    torch.manual_seed(0)
+    block = Block("full")
+    report = nv.compare(block, block.moe.inputs(0)[0].requires_grad_(), compiler="aot_eager")
+    assert report.sites == 1 and report.bitwise, str(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checkpointing_on_a_gpu_recomputes_the_traced_launches():
+    """On CUDA with Inductor the fused ops are traced as their kernel launches
+    (lowerings/inline.py); under checkpointing AOTAutograd tags those for recomputation too."""
+    y, grads, kept, sites = _step(None, "inductor", device="cuda")
+    y_ac, grads_ac, kept_ac, sites_ac = _step("full", "inductor", device="cuda")
+    assert sites == sites_ac == 1
+    assert _same_bits(y, y_ac) and all(_same_bits(a, b) for a, b in zip(grads, grads_ac, strict=True))
+    assert set(kept) & set(PACKED) and not set(kept_ac) & set(PACKED), (kept, kept_ac)
+
+
+def test_explain_names_the_checkpointed_region():
+    torch.manual_seed(0)
+    block = Block("full")
+    report = nv.explain(block, block.moe.inputs(0)[0].requires_grad_())
+    assert len(report.sites) == 1 and report.sites[0].checkpointed
+    text = str(report)
+    assert "recomputed (checkpointed)" in text and "activation checkpointing: the site is in a checkpointed" in text
+
+
+def test_eager_grouped_mlp_under_checkpoint_changes_no_bit():
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(4, 32, 32, activation="swiglu")
+    x, sizes, probs = mm._x(0, 48, 32), torch.tensor([10, 0, 22, 16]), torch.rand(48)
+    runs = []
+    for checkpointed in (False, True):
+        mlp.zero_grad()
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(1)
+        y = checkpoint(mlp, xi, sizes, probs, use_reentrant=False) if checkpointed else mlp(xi, sizes, probs)
+        y.float().square().mean().backward()
+        runs.append([y, xi.grad, mlp.fc1_weight.grad, mlp.fc2_weight.grad])
+    assert all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
+
+
+class RegionLayers(torch.nn.Module):
+    """Two MoE layers, each through one nested compile region (compiled once, called twice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([mm.TitanMoE(), mm.TitanMoE()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + _region(layer, x)
+        return x
+
+
+@torch.compiler.nested_compile_region
+def _region(layer, x):
+    return layer(x)
+
+
+def test_nested_compile_region_rewritten_once_for_every_call():
+    torch.manual_seed(0)
+    model = RegionLayers()
+    x = model.layers[0].inputs(0)[0].requires_grad_()
+    report = nv.compare(model, x, compiler="aot_eager")
+    assert report.sites == 1 and report.bitwise, str(report)
+    explained = nv.explain(model, x)
+    assert explained.sites[0].regions == ("invoke_subgraph",)
+    assert "nested compile region" in str(explained)
