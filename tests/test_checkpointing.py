@@ -11,6 +11,7 @@ NVFP4 copies (the forward is recomputed in the backward). transformers' own grad
 checkpointing is in test_model_libraries.py.
 """
 
+import contextlib
 import functools
 
 import pytest
@@ -161,3 +162,24 @@ def test_nested_compile_region_rewritten_once_for_every_call():
     explained = nv.explain(model, x)
     assert explained.sites[0].regions == ("invoke_subgraph",)
     assert "nested compile region" in str(explained)
+
+
+def test_checkpointed_recompute_reuses_the_weight_casts():
+    """With ``reuse_weight_casts``, the backward's recompute of a checkpointed block takes the
+    copies its forward cast (inside a block even one step casts each stack once), with the
+    same bits as casting again."""
+    torch.manual_seed(0)
+    block = Block("full")
+    x = block.moe.inputs(0)[0].requires_grad_()
+    runs = []
+    for reuse in (False, True):
+        block.zero_grad()
+        xi = x.detach().clone().requires_grad_()
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend=nv.backend(compiler="aot_eager", reuse_weight_casts=reuse))
+        with nv.reuse_weight_casts() if reuse else contextlib.nullcontext() as kept:
+            torch.manual_seed(1)
+            compiled(xi).float().square().mean().backward()
+        runs.append([xi.grad] + [p.grad for p in block.parameters()])
+    assert (kept.casts, kept.reuses) == (2, 2)
+    assert all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
