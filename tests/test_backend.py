@@ -727,3 +727,30 @@ def test_cpp_wrapper_gives_way_to_the_python_wrapper_where_launches_are_traced(u
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "cpp_wrapper" not in inductor_patches(None, BackendOptions(), traced=True)
+
+
+def test_compiled_autograd_changes_no_bit():
+    """``torch._dynamo.config.compiled_autograd`` (a torchtitan option): Dynamo captures the
+    backward, the fused backward ops and their seed draw included, and the backend compiles
+    that graph too; every gradient equals the plain compiled backward's, bit for bit, SR on."""
+    from torch._dynamo.utils import counters
+
+    from moe_models import TitanMoE030
+
+    grads = []
+    for captured in (False, True):
+        torch.manual_seed(0)
+        model = TitanMoE030(torch.bfloat16)
+        x = model.inputs(0)[0].requires_grad_()
+        torch._dynamo.reset()
+        counters.clear()
+        backend = nv.backend(compiler="aot_eager")
+        y = torch.compile(model, backend=backend)(x)
+        torch.manual_seed(1)  # the backward's stochastic-rounding seeds
+        with torch._dynamo.config.patch(compiled_autograd=captured):
+            torch.compile(lambda: y.float().square().mean().backward(), backend=backend)()
+        assert counters["nvfp4"]["sites_rewritten"] == 1
+        assert counters["compiled_autograd"]["captures"] == int(captured)
+        grads.append([x.grad] + [p.grad for p in model.parameters()])
+    for plain, captured in zip(*grads, strict=True):
+        assert torch.equal(plain.view(torch.uint8), captured.view(torch.uint8))
