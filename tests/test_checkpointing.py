@@ -183,3 +183,18 @@ def test_checkpointed_recompute_reuses_the_weight_casts():
         runs.append([xi.grad] + [p.grad for p in block.parameters()])
     assert (kept.casts, kept.reuses) == (2, 2)
     assert all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_torchtitan_checkpoint_wrapper():
+    """torchtitan's activation checkpointing: each block wrapped by
+    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` (non-reentrant
+    torch.utils.checkpoint underneath), then compiled."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch.manual_seed(0)
+    inner = mm.TitanMoE030(torch.bfloat16)
+    x = inner.inputs(0)[0].requires_grad_()
+    block = checkpoint_wrapper(inner, preserve_rng_state=False)
+    assert [s.checkpointed for s in nv.explain(block, x).sites] == [True]
+    report = nv.compare(block, x, compiler="aot_eager")
+    assert report.sites == 1 and report.bitwise, str(report)
