@@ -198,3 +198,51 @@ def test_torchtitan_checkpoint_wrapper():
     assert [s.checkpointed for s in nv.explain(block, x).sites] == [True]
     report = nv.compare(block, x, compiler="aot_eager")
     assert report.sites == 1 and report.bitwise, str(report)
+
+
+class FunctionMLP(torch.autograd.Function):
+    """A grouped MLP inside a custom autograd.Function (its own backward: a stand-in)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, offs):
+        h = torch.nn.functional.relu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)) ** 2
+        return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class InFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(4, 32, 32, dtype=torch.bfloat16))
+        self.w2 = torch.nn.Parameter(torch.randn(4, 32, 32, dtype=torch.bfloat16))
+
+    def forward(self, x, offs):
+        return FunctionMLP.apply(x, self.w1, self.w2, offs)
+
+
+class InCond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.moe = mm.TitanMoE030(torch.bfloat16)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.moe(x), lambda x: x.clone(), (x,))
+
+
+def test_sites_in_other_higher_order_ops_are_reported_not_silent():
+    """A grouped MLP in the body of a higher-order op the backend does not rewrite in (a
+    custom autograd.Function: its backward is the user's; torch.cond) runs as written, and
+    explain lists it with where it is."""
+    torch.manual_seed(0)
+    offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    report = nv.explain(InFunction(), x, offs)
+    assert report.sites == [] and len(report.rejected) == 1, str(report)
+    assert "custom torch.autograd.Function" in report.rejected[0][2] and "test_checkpointing.py" in report.rejected[0][0]
+    model = InCond()
+    report = nv.explain(model, model.moe.inputs(0)[0])
+    assert report.sites == [] and len(report.rejected) == 1, str(report)
+    assert "higher-order op cond" in report.rejected[0][2]

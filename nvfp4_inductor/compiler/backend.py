@@ -32,7 +32,7 @@ from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
-from .rewrite import find_sites, graph_modules, rewrite_sites
+from .rewrite import find_sites, graph_modules, rewrite_sites, unreached_sites
 from .site import Rejection, Site
 
 BACKEND_NAME = "nvfp4"
@@ -164,6 +164,11 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             record.regions.append(inside)
         record.call_nodes.extend(rewrite_sites(module, sites, make_call=[fn for fn, _ in calls],
                                                call_options=[kwargs for _, kwargs in calls]))
+    unreached = unreached_sites(gm)
+    record.rejections.extend(unreached)
+    counters["nvfp4"]["sites_rejected"] += len(unreached)
+    for rejection in unreached:
+        counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
     return record
 
 

@@ -58,20 +58,58 @@ MATCHERS = (
 BODY_HOPS = ("tag_activation_checkpoint", "invoke_subgraph")
 
 
+def _bodies(module: torch.fx.GraphModule):
+    """(higher-order op name, body graph module, whether the backend rewrites it) for every
+    graph-module argument of every higher-order op call in `module`."""
+    for node in module.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        hop = node.target.__name__
+        for i, arg in enumerate(node.args):
+            if isinstance(arg, Node) and arg.op == "get_attr":
+                body = getattr(module, arg.target, None)
+                if isinstance(body, torch.fx.GraphModule):
+                    yield hop, body, hop in BODY_HOPS and i == 0
+
+
 def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, tuple[str, ...]]]:
     """`gm`, then the body of every ``BODY_HOPS`` call in it (and in those bodies), each once
     (a nested compile region's calls share one body), with the ``BODY_HOPS`` it runs
     inside, outermost first (() for `gm`)."""
     found = [(gm, ())]
     for module, inside in found:
-        for node in module.graph.nodes:
-            hop = getattr(node.target, "__name__", None) if node.op == "call_function" else None
-            if (hop in BODY_HOPS and isinstance(node.target, torch._ops.HigherOrderOperator)
-                    and node.args and isinstance(node.args[0], Node) and node.args[0].op == "get_attr"):
-                body = getattr(module, node.args[0].target)
-                if isinstance(body, torch.fx.GraphModule) and all(body is not m for m, _ in found):
-                    found.append((body, (*inside, hop)))
+        for hop, body, rewritten in _bodies(module):
+            if rewritten and all(body is not m for m, _ in found):
+                found.append((body, (*inside, hop)))
     return found
+
+
+# Why a grouped MLP inside another higher-order op's body is left as written.
+_UNREACHED = {
+    "autograd_function_apply": "it is inside a custom torch.autograd.Function, whose own backward would "
+                               "replace the NVFP4 one",
+}
+
+
+def unreached_sites(gm: torch.fx.GraphModule) -> list[Rejection]:
+    """Every grouped MLP (and near-miss) in the body of a higher-order op the backend does not
+    rewrite in (a custom autograd.Function, torch.cond, a loop, ...), as a rejection saying
+    where it is: it runs as written, and explain must not be silent about it."""
+    out, seen = [], set()
+    pending = [(body, hop) for module, _ in graph_modules(gm) for hop, body, rewritten in _bodies(module)
+               if not rewritten]
+    while pending:
+        body, hop = pending.pop(0)
+        if id(body) in seen:
+            continue
+        seen.add(id(body))
+        why = _UNREACHED.get(hop, f"it is inside the body of torch's higher-order op {hop}, where the "
+                                  "backend rewrites nothing (only checkpointed and nested compile regions)")
+        sites, rejections = find_sites(body)
+        out += [Rejection(s.spelling, s.location, f"not rewritten: {why}") for s in sites]
+        out += [dataclasses.replace(r, reason=f"{r.reason} (and {why})") for r in rejections]
+        pending += [(inner, inner_hop) for inner_hop, inner, _ in _bodies(body)]
+    return out
 
 
 def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
