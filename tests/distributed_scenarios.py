@@ -12,6 +12,8 @@ Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tol
                            summed and divided by the world size; one site rewritten
     fsdp2_mixed_precision  the same with fp32 parameters and MixedPrecisionPolicy(bf16)
     fsdp2_inductor         the experts compiled with Inductor under FSDP2 (the one Inductor case)
+    fsdp2_checkpointed     fsdp2_compiled with the MoE block under activation checkpointing
+                           (torchtitan's checkpoint_wrapper, then fully_shard, then compile)
     ep_eager               expert parallel: rows and per-expert counts dispatched with
                            all_to_all_single, G/W experts per rank, combined back: Y, dX, dprob,
                            dW1, dW2 == a single-process G-expert run over every rank's tokens
@@ -72,7 +74,8 @@ SR_SINGLE = nv.Recipe(sr_per_rank=False)  # SR on, reproducible by a single proc
 RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
-SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_micro_batches", "ep_eager",
+SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_checkpointed", "fsdp2_micro_batches",
+             "ep_eager",
              "ep_one_graph", "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
 MESH_SCENARIOS = ("ep_fsdp2",)  # a 2-D mesh: 4 ranks or more (launched apart from SCENARIOS)
 
@@ -214,7 +217,8 @@ def _loss(model, x):
     return model(x).float().square().mean()
 
 
-def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: str) -> str:
+def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: str, checkpointed=False) -> str:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     recipe = SR_SINGLE
@@ -223,6 +227,8 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
     reference = Model(recipe, dtype, ctx.device)
     model = Model(recipe, dtype, ctx.device)
     model.load_state_dict(reference.state_dict())
+    if checkpointed:  # torchtitan's order: checkpoint the block, then shard, then compile
+        model.moe = checkpoint_wrapper(model.moe, preserve_rng_state=False)
     policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16)} if mixed_precision else {}
     fully_shard(model.moe, **policy)
     fully_shard(model, **policy)
@@ -230,8 +236,13 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
     target = model.moe if compile_what == "block" else model.moe.experts
     target.compile(backend=nv.backend(recipe=recipe, compiler=compiler))  # after fully_shard
     torch.manual_seed(STEP_SEED)  # every rank alike: with sr_per_rank=False, the reference's seeds
-    _loss(model, tokens(ctx.rank, ctx.device)[0]).backward()
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.dtype) or t, lambda t: t):
+        loss = _loss(model, tokens(ctx.rank, ctx.device)[0])
+    loss.backward()
     assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"
+    packed = {torch.uint8, torch.float8_e4m3fn} & set(kept)  # the block's NVFP4 copies
+    assert bool(packed) != checkpointed, f"kept for backward: {sorted(map(str, set(kept)))}"
 
     # Single process: each rank's batch with the step's seed (bf16 copies of fp32 masters
     # when mixed precision), gradients summed over ranks, divided by the world size.
@@ -244,7 +255,9 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
         _loss(compute, tokens(rank, ctx.device)[0]).backward()
         for name, p in compute.named_parameters():
             total[name] = p.grad.clone() if name not in total else total[name] + p.grad
-    gathered = {name: p.grad.full_tensor() for name, p in model.named_parameters()}  # collectives first
+    # collectives first; the checkpoint wrapper's prefix dropped from the names
+    gathered = {name.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor()
+                for name, p in model.named_parameters()}
     for name, grad in gathered.items():
         same(grad, (total[name] / ctx.world).to(dtype), f"grad {name}")
     return f"{len(total)} gradients bitwise, 1 site"
@@ -260,6 +273,10 @@ def fsdp2_mixed_precision(ctx):
 
 def fsdp2_inductor(ctx):
     return _fsdp2(ctx, mixed_precision=False, compile_what="experts", compiler="inductor")
+
+
+def fsdp2_checkpointed(ctx):
+    return _fsdp2(ctx, mixed_precision=False, compile_what="block", compiler="aot_eager", checkpointed=True)
 
 
 def fsdp2_micro_batches(ctx):
