@@ -12,7 +12,9 @@ our compiled NVFP4 with the weights' casts reused (``reuse``: the backend option
 reuse_weight_casts, every step inside one ``nv.reuse_weight_casts()`` block, so each timed
 step is a later micro-batch of an optimizer step, whose weights were cast by the first; the
 note gives the memory the kept copies hold, which the peak column, measured from a base
-taken after the first step, leaves out).
+taken after the first step, leaves out); and (``checkpoint``) BF16 and our compiled NVFP4,
+each under activation checkpointing (torch.utils.checkpoint around the MLP: the step keeps
+the inputs and runs the forward again in the backward), ours against that BF16 row.
 
 Columns:
   graphs, vs, time/vs  CUDA graphs off, or on (both rows compiled with mode="reduce-overhead":
@@ -39,7 +41,7 @@ Columns:
                        (its cudagraph_skips counter moved); a failing row's error.
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
-        [--graphs off on] [--extra eager save-D fake-quant reuse] [--profile] [--launches]
+        [--graphs off on] [--extra eager save-D fake-quant reuse checkpoint] [--profile] [--launches]
         [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
@@ -84,6 +86,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
+from torch.utils.checkpoint import checkpoint
 
 import nvfp4_inductor as nv
 from nvfp4_inductor.inspection import format_table
@@ -107,7 +110,8 @@ COPY_BYTES = {"cuda": 2**30, "cpu": 2**24}  # the copy whose rate the floor char
 BASELINE = "bf16 compiled (baseline)"
 OURS = "nvfp4 compiled, recompute"
 EXTRA = {"eager": "nvfp4 eager", "save-D": "nvfp4 compiled, save D", "fake-quant": "fake-quant, stock Inductor",
-         "reuse": "nvfp4 compiled, weights reused"}
+         "reuse": "nvfp4 compiled, weights reused", "checkpoint": "nvfp4 compiled, checkpointed"}
+CHECKPOINTED_BASELINE = "bf16 compiled, checkpointed"  # the baseline of the checkpointed rows
 HEADERS = ["shape", "act", "implementation", "graphs", "vs", "time/vs", "ms", "TFLOP/s", "floor ms", "floor/vs",
            "peak GiB", "peak/bf16", "saved MiB", "saved/bf16", "host ms", "first s", "first/vs", "note"]
 
@@ -164,10 +168,24 @@ def variants(activation, graphs: bool, compiler: str, extra) -> dict:
                                             dynamic=False),
         "reuse": lambda: torch.compile(nvfp4_mlp(activation), backend=nv.backend(
             recompute=True, compiler=compiler, reuse_weight_casts=True), dynamic=False),
+        "checkpoint": lambda: torch.compile(checkpointed(nvfp4_mlp(activation)), backend=nv.backend(
+            recompute=True, compiler=compiler), dynamic=False),
     }
     for key in extra:
+        if key == "checkpoint":  # its own BF16 baseline first, checkpointed the same way
+            out[CHECKPOINTED_BASELINE] = torch.compile(checkpointed(bf16_mlp(activation)), backend=compiler,
+                                                       dynamic=False)
         out[EXTRA[key]] = builders[key]()
     return out
+
+
+def checkpointed(mlp):
+    """`mlp` under activation checkpointing (torch.utils.checkpoint): the step keeps its inputs
+    and runs its forward again in the backward."""
+    def run(*args):
+        return checkpoint(mlp, *args, use_reentrant=False)
+
+    return run
 
 
 def make_inputs(experts, tokens, hidden, ffn, f1, uneven, device):
@@ -556,16 +574,22 @@ def _fmt(value, spec, scale=1.0) -> str:
 
 def table_row(shape, activation, name, graphs, m: Measured, base: Optional[Measured], mem_base: Optional[Measured],
               flops, fl: Floor) -> list[str]:
-    """One table row; ratios against `base` (the BF16 row of the same graphs setting) and, for
-    memory, `mem_base` (the BF16 graphs-off row)."""
-    ours = name.startswith("nvfp4")
+    """One table row; ratios against `base` (the BF16 row of the same graphs setting, the
+    checkpointed one for a checkpointed row) and, for memory, `mem_base` (that BF16 row with
+    graphs off). The floor is that of an uncheckpointed step: NVFP4 rows without checkpointing only."""
+    ours = name.startswith("nvfp4") and not is_checkpointed(name)
     note = "graphs skipped" if graphs and m.graphs_skipped else ""
-    return [shape, activation, name, "on" if graphs else "off", f"bf16 {'on' if graphs else 'off'}",
+    vs = f"bf16{' ckpt' if is_checkpointed(name) else ''} {'on' if graphs else 'off'}"
+    return [shape, activation, name, "on" if graphs else "off", vs,
             ratio(m.ms, base and base.ms), f"{m.ms:.2f}", f"{flops / m.ms / 1e9:.0f}",
             f"{fl.ms:.2f}" if ours else "-", ratio(fl.ms if ours else None, base and base.ms),
             _fmt(m.peak, ".2f", 2**30), ratio(m.peak, mem_base and mem_base.peak),
             _fmt(m.saved, ".0f", 2**20), ratio(m.saved, mem_base and mem_base.saved),
             f"{m.host:.2f}", f"{m.first_s:.1f}", ratio(m.first_s, base and base.first_s), note]
+
+
+def is_checkpointed(name: str) -> bool:
+    return name in (CHECKPOINTED_BASELINE, EXTRA["checkpoint"])
 
 
 def failed_row(shape, activation, name, graphs, error) -> list[str]:
@@ -583,9 +607,9 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
     fl = floor(experts, tokens, hidden, ffn, f1, args[3], opts.device, bytes_per_ms)
     clock(f"{shape} {activation} floor: bf16 GEMMs {fl.gemm_ms:.2f} ms + {fl.quant_bytes / 2**20:.0f} MiB "
           f"quantization bytes at copy rate = {fl.ms:.2f} ms")
-    mem_base = None
+    mem_bases = {}  # baseline name -> its graphs-off measurement
     for graphs in opts.graphs:
-        base = None
+        bases = {}  # baseline name -> its measurement with this graphs setting
         for name, fn in variants(activation, graphs, opts.compiler, opts.extra).items():
             reusing = name == EXTRA["reuse"]
             try:
@@ -597,10 +621,12 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
                 clock(" | ".join(row))
                 yield row
                 continue
-            if name == BASELINE:
-                base = m
-                mem_base = m if not graphs else mem_base
-            row = table_row(shape, activation, name, graphs, m, base, mem_base, flops, fl)
+            if name in (BASELINE, CHECKPOINTED_BASELINE):
+                bases[name] = m
+                if not graphs:
+                    mem_bases[name] = m
+            baseline = CHECKPOINTED_BASELINE if is_checkpointed(name) else BASELINE
+            row = table_row(shape, activation, name, graphs, m, bases.get(baseline), mem_bases.get(baseline), flops, fl)
             if kept is not None:
                 row[-1] = kept_note(kept)
             clock(" | ".join(row))  # progress: a cut-off run still reports

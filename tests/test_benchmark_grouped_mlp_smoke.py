@@ -55,15 +55,22 @@ def test_main_on_cpu_gives_every_row_with_finite_numbers(capsys):
 
 def test_extra_rows_on_cpu():
     rows = gm.main(["--device", "cpu", "--shapes", "tiny", "--compiler", "aot_eager", "--activations", "srelu",
-                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant", "reuse"])
+                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant", "reuse", "checkpoint"])
     assert [r[2] for r in rows] == [gm.BASELINE, gm.OURS, gm.EXTRA["eager"], gm.EXTRA["save-D"],
-                                    gm.EXTRA["fake-quant"], gm.EXTRA["reuse"]]
+                                    gm.EXTRA["fake-quant"], gm.EXTRA["reuse"], gm.CHECKPOINTED_BASELINE,
+                                    gm.EXTRA["checkpoint"]]
     for row in rows:
         cells = _cells(row)
-        reused = cells["implementation"] == gm.EXTRA["reuse"]
+        name = cells["implementation"]
+        reused = name == gm.EXTRA["reuse"]
         assert cells["note"] == ("kept copies 0.0 MiB" if reused else ""), cells  # tiny: 4 x 48 x 32 x 1.125 x 2 B
         assert all(_finite(cells[c]) for c in NUMBERS), cells
-        assert (cells["floor ms"] != "-") == cells["implementation"].startswith("nvfp4"), cells
+        assert (cells["floor ms"] != "-") == (name.startswith("nvfp4") and not gm.is_checkpointed(name)), cells
+        assert cells["vs"] == ("bf16 ckpt off" if gm.is_checkpointed(name) else "bf16 off"), cells
+    checkpointed = {r[2]: _cells(r) for r in rows if gm.is_checkpointed(r[2])}
+    assert checkpointed[gm.CHECKPOINTED_BASELINE]["time/vs"] == "1.00"
+    # under checkpointing both keep only the step's inputs: the same bytes
+    assert checkpointed[gm.EXTRA["checkpoint"]]["saved/bf16"] == "1.00", checkpointed
 
 
 def test_graphs_need_inductor_and_cpu_skips_them(capsys):
