@@ -25,6 +25,12 @@ reuse_weight_casts, every step inside one ``nv.reuse_weight_casts()`` block, so 
 step is a later micro-batch of gradient accumulation, whose expert weights the first step
 cast; the note gives the memory the kept copies hold (the peak's base, taken after the
 first step, includes them).
+--checkpoint runs every row under activation checkpointing: the model case with transformers'
+``model.gradient_checkpointing_enable()`` (each decoder layer; ``use_cache`` off), the block
+case with torch.utils.checkpoint around the block; both compiled with
+``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint`` (else Dynamo leaves each
+checkpointed layer out of the graph, for stock Inductor as for the backend: the context
+variable transformers' hub-kernel decorators set).
 Columns:
   graphs          CUDA graphs off, or on: both rows compiled with mode="reduce-overhead"
                   (Inductor's CUDA graph trees); no peak then (replays bypass the caching
@@ -43,7 +49,7 @@ Columns:
 
     python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
         [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
-        [--compiler inductor|aot_eager] [--graphs off on] [--reuse-weights] [--tiny]
+        [--compiler inductor|aot_eager] [--graphs off on] [--reuse-weights] [--checkpoint] [--tiny]
 
 Needs transformers (the test extra). ``--device cpu --tiny --compiler aot_eager`` is the CPU
 smoke run (tests/test_benchmark_grouped_mlp_smoke.py): tiny sizes, perf_counter timing, no peak.
@@ -109,14 +115,18 @@ def build_model(config, device):
 
 
 class BlockLoss(torch.nn.Module):
-    """Mean square of an MoE block's output: a scalar loss over the block alone."""
+    """Mean square of an MoE block's output: a scalar loss over the block alone, the block
+    under activation checkpointing where `checkpointed`."""
 
-    def __init__(self, block):
+    def __init__(self, block, checkpointed=False):
         super().__init__()
-        self.block = block
+        self.block, self.checkpointed = block, checkpointed
 
     def forward(self, hidden_states):
-        out = self.block(hidden_states)
+        if self.checkpointed:
+            out = torch.utils.checkpoint.checkpoint(self.block, hidden_states, use_reentrant=False)
+        else:
+            out = self.block(hidden_states)
         out = out[0] if isinstance(out, tuple) else out  # releases that also return router logits
         return out.float().square().mean()
 
@@ -147,7 +157,10 @@ def make_case(case: str, config, opts) -> Case:
         del model
         x = torch.randn(1, opts.tokens, config.hidden_size, device=opts.device, generator=gen,
                         dtype=torch.bfloat16).requires_grad_()
-        return Case(BlockLoss(block), (x,), list(block.parameters()) + [x], opts.tokens)
+        return Case(BlockLoss(block, opts.checkpoint), (x,), list(block.parameters()) + [x], opts.tokens)
+    if opts.checkpoint:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False  # else a warning is logged at every step: a graph break
     ids = torch.randint(config.vocab_size, (opts.batch, opts.seq), device=opts.device, generator=gen)
     return Case(ModelLoss(model), (ids,), list(model.parameters()), opts.batch * opts.seq)
 
@@ -189,6 +202,11 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
 
 
 def _measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
+    with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=opts.checkpoint):
+        return _measure_compiled(c, backend, graphs, opts)
+
+
+def _measure_compiled(c: Case, backend: str, graphs: bool, opts) -> Measured:
     counters.clear()
     mode = "reduce-overhead" if graphs else None
     compiled = torch.compile(c.module, backend=_backend(backend, opts.compiler), mode=mode, dynamic=False)
@@ -259,6 +277,8 @@ def parse_args(argv=None):
                         help="CUDA graphs (mode='reduce-overhead', both rows) off, on, or both")
     parser.add_argument("--reuse-weights", action="store_true",
                         help="a third row: nvfp4 with the weights' casts reused (a later micro-batch), graphs off")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="every row under activation checkpointing (the model: each decoder layer)")
     parser.add_argument("--tiny", action="store_true", help="CPU sizes for every family (smoke run)")
     opts = parser.parse_args(argv)
     opts.graphs = [g == "on" for g in opts.graphs]

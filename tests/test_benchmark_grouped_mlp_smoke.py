@@ -279,3 +279,14 @@ def test_cast_tiles_named_candidates():
     with pytest.raises(SystemExit):
         cast_tiles.main(["--device", "cpu", "--tiles", "16x64"])
 
+
+
+def test_model_step_benchmark_under_gradient_checkpointing_on_cpu():
+    """--checkpoint: transformers' gradient checkpointing on every decoder layer; each layer's
+    grouped MLP is rewritten inside its checkpointed region, with no graph break."""
+    import model_step
+
+    rows = model_step.main(["--device", "cpu", "--tiny", "--compiler", "aot_eager", "--families", "qwen3_moe",
+                            "--cases", "model", "--layers", "2", "--seq", "64", "--checkpoint"])
+    cells = [dict(zip(model_step.HEADERS, r)) for r in rows]
+    assert [(c["sites"], c["graph breaks"]) for c in cells] == [("-", "0"), ("2/2", "0")], cells
