@@ -67,7 +67,10 @@ def _bodies(module: torch.fx.GraphModule):
         hop = node.target.__name__
         for i, arg in enumerate(node.args):
             if isinstance(arg, Node) and arg.op == "get_attr":
-                body = getattr(module, arg.target, None)
+                try:
+                    body = module.get_submodule(arg.target)  # (a dotted path too)
+                except AttributeError:  # an attribute that is no module: no body
+                    continue
                 if isinstance(body, torch.fx.GraphModule):
                     yield hop, body, hop in BODY_HOPS and i == 0
 
