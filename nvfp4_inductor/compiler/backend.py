@@ -140,7 +140,9 @@ def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
-    """Find and rewrite every site in place; returns what was done. `site_call(options, plan)`
+    """Find and rewrite every site in place, in the graph and in the bodies of checkpointed and
+    nested compile regions (``rewrite.graph_modules``; a site in another higher-order op's body
+    is a rejection, ``rewrite.unreached_sites``); returns what was done. `site_call(options, plan)`
     gives each site's (callable, its constant keyword arguments) (default: the fused NVFP4
     ops running the plan, ``_site_call``). Counts graphs, sites and
     rejections in ``torch._dynamo.utils.counters["nvfp4"]`` (and per spelling)."""
@@ -151,9 +153,6 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
         sites, rejections = find_sites(module)
         record.rejections.extend(rejections)
         counters["nvfp4"]["sites_rewritten"] += len(sites)
-        counters["nvfp4"]["sites_rejected"] += len(rejections)
-        for rejection in rejections:
-            counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
         calls = []
         for site in sites:
             counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
@@ -164,10 +163,9 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             record.regions.append(inside)
         record.call_nodes.extend(rewrite_sites(module, sites, make_call=[fn for fn, _ in calls],
                                                call_options=[kwargs for _, kwargs in calls]))
-    unreached = unreached_sites(gm)
-    record.rejections.extend(unreached)
-    counters["nvfp4"]["sites_rejected"] += len(unreached)
-    for rejection in unreached:
+    record.rejections.extend(unreached_sites(gm))  # sites in other higher-order ops' bodies: reported
+    counters["nvfp4"]["sites_rejected"] += len(record.rejections)
+    for rejection in record.rejections:
         counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
     return record
 
