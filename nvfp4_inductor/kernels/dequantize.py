@@ -5,7 +5,8 @@
 
 Kernel ``_dequantize_kernel``; launchers ``dequantize_bf16_pair`` (a GEMM's two operands,
 one launch), ``dequantize_bf16`` (one operand) and ``weight_slices`` (a weight stack's
-copy a slice of rows at a time, inside another op's body); op
+copy a slice of rows at a time, the first slice with the token operand, inside another
+op's body); op
 ``nvfp4_kernels::dequantize_bf16_pair``.
 Reference twin: ``formats.block_values(data, scale).to(torch.bfloat16)`` -- bit for bit:
 deq() has at most 6 significant bits and lies in [2**-10, 2688], so it is exact in bf16
@@ -132,27 +133,35 @@ def _dequantize_op(
     return a_out, b_out
 
 
-def weight_slices(data: torch.Tensor, scale: torch.Tensor):
+def weight_slices(data: torch.Tensor, scale: torch.Tensor, a_data: torch.Tensor, a_scale: torch.Tensor):
     """For a kernel op's body that makes a packed weight stack's bf16 copy a slice at a time
     (grouped_gemm_bf16.py, grouped_gemm_dact.py): data (G, N, C/2) uint8 and scale (G, N,
-    C/16) E4M3 (or its uint8 bits), contiguous -> a function (first, rows) that launches the
-    deq() of rows [first, first + rows) of every expert into a new (G, rows, C) bf16 tensor
-    and returns it."""
+    C/16) E4M3 (or its uint8 bits), contiguous, and the GEMM's token operand a, (T, C) bf16
+    deq() values (a_scale unread) or packed (T, C/2) + (T, C/16), contiguous -> a function
+    (first, rows) that launches the deq() of rows [first, first + rows) of every expert into
+    a new (G, rows, C) bf16 tensor and returns (a's bf16 copy, that slice). A packed a is
+    dequantized by the first slice's launch, as a pair (one launch fewer than apart)."""
     groups, n, half = data.shape
     rows_data, rows_scale = data.view(groups * n, half), scale.view(groups * n, -1)
     cfg = dequant_config()
+    a = a_data if is_deq_values(a_data) else None
 
-    def make(first: int, rows: int) -> torch.Tensor:
+    def make(first: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal a
         out = data.new_empty(groups, rows, 2 * half, dtype=torch.bfloat16)
-        launch(
-            _dequantize_kernel, (cdiv(groups * rows, cfg.block_r), cdiv(half, cfg.block_c)),
-            # no rows of a: its output an empty tensor of its own (passed `out` twice, a traced
+        if a is None:  # the first slice, with a's copy
+            a = data.new_empty(a_data.shape[0], 2 * half, dtype=torch.bfloat16)
+            a_rows, a_src, a_scales, a_out = a_data.shape[0], a_data, a_scale, a
+        else:  # no rows of a: its output an empty tensor of its own (passed `out` twice, a traced
             # launch would have two outputs alias, and Inductor copies one of them first)
-            a_data_ptr=rows_data, a_scale_ptr=rows_scale, a_out_ptr=out.new_empty(0), RA=0,
+            a_rows, a_src, a_scales, a_out = 0, rows_data, rows_scale, out.new_empty(0)
+        launch(
+            _dequantize_kernel, (cdiv(a_rows, cfg.block_r) + cdiv(groups * rows, cfg.block_r), cdiv(half, cfg.block_c)),
+            a_data_ptr=a_src, a_scale_ptr=a_scales, a_out_ptr=a_out, RA=a_rows,
             b_data_ptr=rows_data, b_scale_ptr=rows_scale, b_out_ptr=out, RB=groups * rows, C2=half,
             b_rpg=rows, b_stride=n, b_off=first, BR=cfg.block_r, BC=cfg.block_c, num_warps=cfg.num_warps,
         )
-        return out
+        return a, out
 
     return make
 

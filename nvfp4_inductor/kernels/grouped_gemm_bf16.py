@@ -6,9 +6,9 @@
 
 Two launches each: one dequantizes both operands (their packed widths are equal), one
 multiplies. Where a dgrad's packed weight stack would make a bf16 copy large beside the
-token operand's (``slice_rows``), the token operand is dequantized alone and the weight's
-copy is made a slice of rows at a time, each slice's dequantize and GEMM launched before
-the next (1 + 2 x slices launches; the same bits, each output element the same dot).
+token operand's (``slice_rows``), the weight's copy is made a slice of rows at a time, each
+slice's dequantize and GEMM launched before the next, the token operand dequantized with
+the first slice (2 x slices launches; the same bits, each output element the same dot).
 
 Twins: ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch`` (same arguments and
 return types; results equal up to fp32 accumulation order). The bf16 copies are transient
@@ -52,7 +52,7 @@ from ..formats import is_deq_values
 from ..sizes import copy_slices, is_zero
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
-from .dequantize import bf16_operands, dequantize_bf16, dequantize_bf16_pair, weight_slices
+from .dequantize import bf16_operands, dequantize_bf16_pair, weight_slices
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
@@ -244,22 +244,21 @@ def use_tma(cfg: Bf16GemmConfig, device: torch.device, k: int) -> bool:
 # Ops on bf16 operands
 
 
-def _fprop_launches(a: torch.Tensor, a_amax: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
-                    groups: int, n: int, slice_rows: int, make_b) -> torch.Tensor:
+def _fprop_launches(tokens: int, k: int, a_amax: torch.Tensor, b_amax: torch.Tensor, group_sizes: torch.Tensor,
+                    groups: int, n: int, slice_rows: int, make) -> torch.Tensor:
     """The body of both fprop ops: out (T, n) bf16 = alpha_g * a_g . b_g^T, a (T, K) bf16,
     made `slice_rows` of out's columns at a time, each slice's b (G, rows, K) bf16 from
-    ``make_b(first, rows)``, dropped before the next."""
-    tokens, k = a.shape
-    out = a.new_empty(tokens, n, dtype=torch.bfloat16)
+    ``make(first, rows)`` -> (a, b), b dropped before the next."""
+    out = b_amax.new_empty(tokens, n, dtype=torch.bfloat16)
     if is_zero(tokens) or n == 0:
         return out
     if k == 0 or groups == 0:
         return out.zero_()
-    cfg = bf16_gemm_config("fprop", a.device)
-    tma = use_tma(cfg, a.device, k)
-    programs = num_programs(cfg, a.device)
+    cfg = bf16_gemm_config("fprop", out.device)
+    tma = use_tma(cfg, out.device, k)
+    programs = num_programs(cfg, out.device)
     for first in range(0, n, slice_rows):
-        b = make_b(first, min(slice_rows, n - first))
+        a, b = make(first, min(slice_rows, n - first))
         launch(
             _grouped_gemm_bf16_kernel, (programs,),
             a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, out_ptr=out,
@@ -277,21 +276,24 @@ def _grouped_gemm_bf16_op(
 ) -> torch.Tensor:
     """a (T, K) bf16, b (G, N, K) bf16 (deq() values), amax (G,) fp32; contiguous. -> (T, N) bf16."""
     groups, n, _ = b.shape
-    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, n, lambda first, rows: b)
+    return _fprop_launches(*a.shape, a_amax, b_amax, group_sizes, groups, n, n, lambda first, rows: (a, b))
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_bf16_slices")
 def _grouped_gemm_bf16_slices_op(
-    a: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
-    group_sizes: torch.Tensor, slice_rows: int,
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+    b_amax: torch.Tensor, group_sizes: torch.Tensor, slice_rows: int,
 ) -> torch.Tensor:
     """``_grouped_gemm_bf16_op`` with b a packed weight stack, (G, N, K/2) uint8 and
     (G, N, K/16) E4M3 scales, contiguous: its bf16 copy is made `slice_rows` of its N
     rows (out's columns) at a time, each slice dequantized into a buffer of its own and
     multiplied into its columns of out before the next is made (a freed buffer is what the
-    next one takes). -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
-    groups, n, _ = b_data.shape
-    return _fprop_launches(a, a_amax, b_amax, group_sizes, groups, n, slice_rows, weight_slices(b_data, b_scale))
+    next one takes). a: (T, K) bf16 deq() values (a_scale unread), or packed (T, K/2) +
+    (T, K/16), then dequantized with the first slice (``dequantize.weight_slices``).
+    -> (T, N) bf16, equal bit for bit to the whole copy's GEMM."""
+    groups, n, half = b_data.shape
+    return _fprop_launches(a_data.shape[0], 2 * half, a_amax, b_amax, group_sizes, groups, n, slice_rows,
+                           weight_slices(b_data, b_scale, a_data, a_scale))
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_wgrad_bf16")
@@ -345,9 +347,8 @@ def grouped_gemm_via_bf16(
     if is_deq_values(b_data) or rows == n:
         a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
         return _grouped_gemm_bf16_op(a, a_amax, b, b_amax, group_sizes)
-    a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
-    return _grouped_gemm_bf16_slices_op(a, a_amax, b_data.contiguous(), b_scale.contiguous(), b_amax, group_sizes,
-                                        rows)
+    return _grouped_gemm_bf16_slices_op(a_data.contiguous(), a_scale.contiguous(), a_amax, b_data.contiguous(),
+                                        b_scale.contiguous(), b_amax, group_sizes, rows)
 
 
 def grouped_gemm_wgrad_via_bf16(

@@ -11,11 +11,12 @@ summation order, which is grouped_gemm_via_bf16's.
 
 Why the bits match:
 * G: the launcher dequantizes dY's and W2's copies to transient bf16 deq() copies
-  (``dequantize_bf16_pair``, one launch, or W2's a slice of rows at a time, each slice's
-  columns of G in a launch of their own, as ``grouped_gemm_via_bf16`` does); the kernel runs
-  grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``, natural K order;
-  tiles from ``bf16_gemm_config("dact")`` via ``grouped_gemm_act.epilogue_config``), then
-  bf16(acc * alpha_g) with RNE (``gemm_common.gemm_out_bits``), widened from its bits.
+  (``dequantize_bf16_pair``, one launch, or W2's a slice of rows at a time, dY's with the
+  first, each slice's columns of G in a launch of their own, as ``grouped_gemm_via_bf16``
+  does); the kernel runs grouped_gemm_via_bf16's K loop (``grouped_gemm_bf16.bf16_tile_acc``,
+  natural K order; tiles from ``bf16_gemm_config("dact")`` via
+  ``grouped_gemm_act.epilogue_config``), then bf16(acc * alpha_g) with RNE
+  (``gemm_common.gemm_out_bits``), widened from its bits.
 * dC, D: ``activation._act_bwd_kernel``'s operations in its order, with its helpers
   (``_mul_rn`` where a product feeds an addition, so no FMA contraction on the GPU).
   SwiGLU: G has F columns and dC 2F; program (tm, tn) reads C's gate and up columns
@@ -41,7 +42,7 @@ from ..sizes import is_zero
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
-from .dequantize import bf16_operands, dequantize_bf16, weight_slices
+from .dequantize import bf16_operands, weight_slices
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
 from .grouped_gemm_act import epilogue_config, widen
 from .grouped_gemm_bf16 import bf16_tile_acc, slice_rows, use_tma
@@ -142,20 +143,21 @@ def _dp_sum_kernel(part_ptr, dp_ptr, T, NR, BM: tl.constexpr):
     tl.store(dp_ptr + rows, total, mask=ok)
 
 
-def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, slice_rows, make_b):
+def _dact_launches(k, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, slice_rows, make):
     """The body of both dact ops: (dC, dp, D) from G's columns made `slice_rows` at a time,
-    each slice's b (G, rows, K) bf16 from ``make_b(first, rows)``, dropped before the next."""
-    tokens, k = a.shape
+    each slice's b (G, rows, K) bf16 from ``make(first, rows)`` -> (a, b), b dropped before
+    the next."""
+    tokens = c.shape[0]
     dc = c.new_empty(c.shape, dtype=torch.bfloat16)
     dp = c.new_empty(tokens if probs is not None else 0, dtype=torch.float32)
     d = c.new_empty((tokens, f) if regenerate else (0,), dtype=torch.bfloat16)
     if is_zero(tokens) or f == 0 or group_sizes.shape[0] == 0:  # no experts; K == 0 runs
         return dc, dp, d
     part = c.new_empty((tokens, f // 16) if probs is not None else (0,), dtype=torch.float32)
-    cfg = epilogue_config("dact", act, a.device)
-    programs = num_programs(cfg, a.device)
+    cfg = epilogue_config("dact", act, c.device)
+    programs = num_programs(cfg, c.device)
     for first in range(0, f, slice_rows):
-        b = make_b(first, min(slice_rows, f - first))
+        a, b = make(first, min(slice_rows, f - first))
         groups = b.shape[0]
         launch(
             _grouped_gemm_dact_kernel, (programs,),
@@ -165,7 +167,7 @@ def _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
             ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
             NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
-            TMA=use_tma(cfg, a.device, k), SPLIT=cfg.epilogue_split, BAND=cfg.band_m,
+            TMA=use_tma(cfg, c.device, k), SPLIT=cfg.epilogue_split, BAND=cfg.band_m,
             num_warps=cfg.num_warps,
         )
         del b  # before the next slice's buffer is allocated
@@ -184,21 +186,22 @@ def _grouped_gemm_dact_op(
     """a (T, K) bf16, b (G, F, K) bf16 (deq() values), contiguous. Returns (dC (T, F1) bf16,
     dp (T,) fp32 or an empty (0,), D (T, F) bf16 or an empty (0,))."""
     f = b.shape[1]
-    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, f,
-                          lambda first, rows: b)
+    return _dact_launches(a.shape[1], a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, f, f,
+                          lambda first, rows: (a, b))
 
 
 @kernel_op("nvfp4_kernels::grouped_gemm_dact_slices")
 def _grouped_gemm_dact_slices_op(
-    a: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
-    group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float,
-    regenerate: bool, slice_rows: int,
+    a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor, b_scale: torch.Tensor,
+    b_amax: torch.Tensor, group_sizes: torch.Tensor, c: torch.Tensor, probs: Optional[torch.Tensor], act: int,
+    clamp: float, regenerate: bool, slice_rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_grouped_gemm_dact_op`` with b W2's packed column-wise copies, (G, F, K/2) uint8 and
     (G, F, K/16) E4M3 scales, contiguous, whose bf16 copy is made `slice_rows` of its F
-    rows (G's columns) at a time, as ``grouped_gemm_bf16._grouped_gemm_bf16_slices_op`` does."""
-    return _dact_launches(a, a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate, b_data.shape[1],
-                          slice_rows, weight_slices(b_data, b_scale))
+    rows (G's columns) at a time, and a dY's deq() values or packed copy, as
+    ``grouped_gemm_bf16._grouped_gemm_bf16_slices_op`` takes them."""
+    return _dact_launches(2 * b_data.shape[2], a_amax, b_amax, group_sizes, c, probs, act, clamp, regenerate,
+                          b_data.shape[1], slice_rows, weight_slices(b_data, b_scale, a_data, a_scale))
 
 
 def grouped_gemm_dact(
@@ -243,7 +246,7 @@ def grouped_gemm_dact(
         a, b = bf16_operands(a_data, a_scale, b_data, b_scale)
         dc, dp, d = _grouped_gemm_dact_op(a, a_amax, b, b_amax, group_sizes, c, probs, act, clamp, bool(regenerate))
     else:
-        a = a_data if is_deq_values(a_data) else dequantize_bf16(a_data, a_scale)
-        dc, dp, d = _grouped_gemm_dact_slices_op(a, a_amax, b_data.contiguous(), b_scale.contiguous(), b_amax,
-                                                 group_sizes, c, probs, act, clamp, bool(regenerate), rows)
+        dc, dp, d = _grouped_gemm_dact_slices_op(a_data.contiguous(), a_scale.contiguous(), a_amax,
+                                                 b_data.contiguous(), b_scale.contiguous(), b_amax, group_sizes, c,
+                                                 probs, act, clamp, bool(regenerate), rows)
     return dc, (dp if probs is not None else None), (d if regenerate else None)
