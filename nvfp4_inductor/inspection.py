@@ -512,11 +512,11 @@ class CompareReport:
         else:
             header = (f"nvfp4 compare, scope='program': eager PyTorch (the eager NVFP4 chain in {blocks}) vs "
                       f"torch.compile(backend=nvfp4, compiler={self.compiler!r}): {self.verdict}")
+        notes = any(r.note for r in self.rows)
         table = format_table(
-            ["tensor", "bitwise", "differ", "max |diff|", "rel diff", "max ulps"] + (
-                ["note"] if any(r.note for r in self.rows) else []),
+            ["tensor", "bitwise", "differ", "max |diff|", "rel diff", "max ulps"] + (["note"] if notes else []),
             [[r.name, "yes" if r.bitwise else "NO", f"{r.differ}/{r.numel}", f"{r.max_abs:.3g}", f"{r.rel:.3g}",
-              "-" if r.max_ulps is None else f"{r.max_ulps:.4g}"] + ([r.note] if r.note else [])
+              "-" if r.max_ulps is None else f"{r.max_ulps:.4g}"] + ([r.note] if notes else [])
              for r in self.rows])
         out = [header, table]
         if not self.bitwise:
@@ -570,7 +570,9 @@ def _compare_tensors(name: str, a: Optional[torch.Tensor], b: Optional[torch.Ten
     if a is None or b is None:
         same = a is None and b is None
         return CompareRow(name, same, 0 if same else 1, 0, 0.0, 0.0, None,
-                          "" if same else f"no gradient on the {'eager' if a is None else 'compiled'} side")
+                          "no gradient on either side" if same else
+                          f"no gradient on the {'eager' if a is None else 'compiled'} side")
+    a, b = _local(a), _local(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return CompareRow(name, False, a.numel(), a.numel(), math.nan, math.nan, None,
                           f"eager {a.dtype} {tuple(a.shape)} vs compiled {b.dtype} {tuple(b.shape)}")
@@ -589,11 +591,34 @@ def _run(fn, args, kwargs, backend, seed, grad_inputs):
     torch.manual_seed(seed)
     outs = _flatten(compile_apart(fn, backend)(*args, **kwargs))
     diff = [o for o in outs if o.requires_grad]
-    grads = []
-    if diff and grad_inputs:
-        grads = torch.autograd.grad(diff, [t for _, t in grad_inputs],
-                                    [_fixed_grad(o, i) for i, o in enumerate(diff)], allow_unused=True)
-    return [o.detach() for o in outs], list(grads)
+    grads = _backward_grads(diff, [t for _, t in grad_inputs]) if diff and grad_inputs else []
+    return [o.detach() for o in outs], grads
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (what this rank computed; every rank compares its own),
+    any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _backward_grads(outs: list[torch.Tensor], wrt: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """The gradients of `wrt` from one backward of `outs` (fixed output gradients), read from
+    ``.grad`` as a training step leaves them: an FSDP2 parameter gets its gradient only there
+    (reduce-scattered by FSDP's hooks; ``autograd.grad`` would see the unsharded copy FSDP
+    computes with, not the parameter). Each tensor's own ``.grad`` is put back afterwards."""
+    kept = [t.grad for t in wrt]
+    for t in wrt:
+        t.grad = None
+        if not t.is_leaf:
+            t.retain_grad()
+    try:
+        torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
+        return [t.grad for t in wrt]
+    finally:
+        for t, grad in zip(wrt, kept):
+            t.grad = grad
 
 
 def _eager_chain_call(site_options: BackendOptions, plan):

@@ -19,6 +19,9 @@ Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tol
                            dW1, dW2 == a single-process G-expert run over every rank's tokens
     ep_one_graph           the same layer compiled whole (fullgraph, functional collectives,
                            counts .tolist() under capture_scalar_outputs): one graph, one site
+    transformers_ep_fsdp2  transformers' native expert parallelism + FSDP2 (DistributedConfig),
+                           a tiny Qwen3-MoE compiled whole: compare() bitwise on every rank
+                           (needs transformers and accelerate: the test extra)
     ep_fsdp2               (4+ ranks, MESH_SCENARIOS) expert parallelism inside FSDP2 on a
                            (dp, ep) = (2, world/2) mesh, the layer compiled after fully_shard:
                            Y, dX, dprob == the single-process run of the rank's ep group; dW1,
@@ -75,8 +78,17 @@ RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
 SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_checkpointed", "fsdp2_micro_batches",
-             "ep_eager", "ep_one_graph", "dtensor_shard0", "dtensor_replicate", "dtensor_rejections", "sr_ranks")
+             "ep_eager", "ep_one_graph", "transformers_ep_fsdp2", "dtensor_shard0", "dtensor_replicate",
+             "dtensor_rejections", "sr_ranks")
 MESH_SCENARIOS = ("ep_fsdp2",)  # a 2-D mesh: 4 ranks or more (launched apart from SCENARIOS)
+NEEDS = {"transformers_ep_fsdp2": ("transformers", "accelerate")}  # packages beyond ours (the test extra)
+
+
+def missing(name: str) -> list[str]:
+    """The packages scenario `name` needs that are not installed."""
+    import importlib.util
+
+    return [package for package in NEEDS.get(name, ()) if importlib.util.find_spec(package) is None]
 
 
 # ----------------------------------------------------------------------------- launching
@@ -133,8 +145,8 @@ def launch(world_size: int, out_dir, *, device: str = "cpu", scenarios=(), timeo
 
 
 class Context:
-    def __init__(self, device: str):
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    def __init__(self, device: str, out: str):
+        self.rank, self.world, self.out = dist.get_rank(), dist.get_world_size(), out
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self._mesh = None
 
@@ -424,6 +436,37 @@ def ep_fsdp2(ctx: Context) -> str:
     return f"(dp, ep) = ({dp}, {ep}): Y, dX, dprob, dW1, dW2 bitwise; {graphs} graphs, 1 site"
 
 
+def transformers_ep_fsdp2(ctx: Context) -> str:
+    """transformers' own expert parallelism and FSDP2 (``DistributedConfig(ep_size=W,
+    fsdp_size=W)``: its all-to-all token dispatch, expert weights as DTensors): a one-layer
+    Qwen3-MoE loaded that way and compiled whole; its grouped MLP is rewritten inside
+    transformers' expert-parallel path, and compare() finds every output and gradient (each
+    rank's shards) bitwise equal to the eager NVFP4 chain."""
+    import warnings
+
+    import library_models as lib
+    import transformers
+    from transformers.distributed import DistributedConfig
+
+    path = os.path.join(ctx.out, "qwen3_moe")
+    if ctx.rank == 0:
+        lib.tiny_causal_lm("qwen3_moe").save_pretrained(path)
+    dist.barrier()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, distributed_config=DistributedConfig(ep_size=ctx.world, fsdp_size=ctx.world),
+            experts_implementation="grouped_mm", dtype=BF16)
+    model.train()
+    report = nv.compare(lib.Logits(model), lib.input_ids(seed=ctx.rank).to(ctx.device), compiler="aot_eager")
+    assert report.sites == 1 and report.bitwise, str(report)
+    unchecked = [r.name for r in report.rows if r.note]
+    assert not unchecked, f"not compared: {unchecked}"
+    weight = model.model.layers[0].mlp.experts.gate_up_proj  # a DTensor where W > 1
+    local = (weight.to_local() if ctx.world > 1 else weight).shape[0]
+    return f"{len(report.rows)} outputs and gradients bitwise; 1 site; {local} of 4 experts a rank"
+
+
 # ----------------------------------------------------------------------------- DTensor
 
 
@@ -674,7 +717,7 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
-    ctx = Context(args.device)
+    ctx = Context(args.device, args.out)
     names = args.scenarios or SCENARIOS
     results = {}
     for name in names:
