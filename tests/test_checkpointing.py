@@ -1,9 +1,9 @@
 """Activation checkpointing and nested compile regions around a grouped MLP.
 
-Dynamo puts a checkpointed region (torch.utils.checkpoint) and a nested compile region
-(torch.compiler.nested_compile_region) in the graph as a higher-order op whose body is a
-graph of its own (full, selective and reentrant checkpointing alike); the backend rewrites the sites in those bodies (compiler/rewrite.py,
-``BODY_HOPS``). Checked here: the site inside is rewritten, compiled == the eager NVFP4
+Dynamo puts a checkpointed region (torch.utils.checkpoint; full, selective and reentrant
+checkpointing alike) and a nested compile region (torch.compiler.nested_compile_region) in
+the graph as a higher-order op whose body is a graph of its own; the backend rewrites the
+sites in those bodies (compiler/rewrite.py, ``BODY_HOPS``). Checked here: the site inside is rewritten, compiled == the eager NVFP4
 chain bit for bit, checkpointing changes no bit of any output or gradient (the forward
 rounds to nearest, and the backward draws its stochastic-rounding seeds as without it),
 and what the step keeps from forward to backward is the region's inputs, not the block's
@@ -241,7 +241,8 @@ def test_sites_in_other_higher_order_ops_are_reported_not_silent():
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
     report = nv.explain(InFunction(), x, offs)
     assert report.sites == [] and len(report.rejected) == 1, str(report)
-    assert "custom torch.autograd.Function" in report.rejected[0][2] and "test_checkpointing.py" in report.rejected[0][0]
+    location, _, reason = report.rejected[0]
+    assert "custom torch.autograd.Function" in reason and "test_checkpointing.py" in location
     model = InCond()
     report = nv.explain(model, model.moe.inputs(0)[0])
     assert report.sites == [] and len(report.rejected) == 1, str(report)
