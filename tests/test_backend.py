@@ -17,6 +17,7 @@ import torch
 
 import nvfp4_inductor as nv
 from moe_models import BMM, ExpertLoop, GroupedMM, HFGroupedMMExperts, SparseMoeBlock
+from _assertions import assert_bytes_equal
 
 ACTS = ["srelu_pow", "tanh_srelu", "swiglu_chunk"]
 
@@ -752,5 +753,5 @@ def test_compiled_autograd_changes_no_bit():
         assert counters["nvfp4"]["sites_rewritten"] == 1
         assert counters["compiled_autograd"]["captures"] == int(captured)
         grads.append([x.grad] + [p.grad for p in model.parameters()])
-    for plain, captured in zip(*grads, strict=True):
-        assert torch.equal(plain.view(torch.uint8), captured.view(torch.uint8))
+    for i, (plain, captured) in enumerate(zip(*grads, strict=True)):
+        assert_bytes_equal(captured, plain, f"compiled autograd, gradient {i}")

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import moe_models as mm
 import nvfp4_inductor as nv
+from _assertions import assert_bytes_equal
 
 PACKED = (torch.uint8, torch.float8_e4m3fn)  # what the block's NVFP4 copies are made of
 
@@ -74,22 +75,28 @@ def _step(how, compiler: str, seed: int = 0, device: str = "cpu"):
     return y, grads, kept, counters["nvfp4"]["sites_rewritten"]
 
 
-def _same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+def _assert_same_bits(expected: list, actual: list, label: str) -> None:
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        assert_bytes_equal(a, e, f"{label}, tensor {i}")
+
+
+def _check_checkpointing(how, compiler: str, device: str = "cpu") -> None:
+    """The step with its MoE checkpointed as `how` against the uncheckpointed step: one site
+    each, every output and gradient bit for bit, and none of the block's packed copies kept
+    for the backward (without checkpointing they are)."""
+    y, grads, kept, sites = _step(None, compiler, device=device)
+    y_ac, grads_ac, kept_ac, sites_ac = _step(how, compiler, device=device)
+    assert sites == sites_ac == 1
+    _assert_same_bits([y, *grads], [y_ac, *grads_ac], f"{how} checkpointing, {compiler}")
+    assert set(kept) & set(PACKED), kept
+    assert not set(kept_ac) & set(PACKED), kept_ac
+    assert len(kept_ac) < len(kept)
 
 
 @pytest.mark.parametrize("how, compiler", [("full", "aot_eager"), ("full", "inductor"), ("selective", "aot_eager"),
                                           ("reentrant", "aot_eager")])
 def test_checkpointing_recomputes_the_block_and_changes_no_bit(how, compiler):
-    y, grads, kept, sites = _step(None, compiler)
-    y_ac, grads_ac, kept_ac, sites_ac = _step(how, compiler)
-    assert sites == sites_ac == 1
-    assert _same_bits(y, y_ac)
-    assert all(_same_bits(a, b) for a, b in zip(grads, grads_ac, strict=True))
-    # without checkpointing the step keeps the block's packed copies; with it, none
-    assert set(kept) & set(PACKED), kept
-    assert not set(kept_ac) & set(PACKED), kept_ac
-    assert len(kept_ac) < len(kept)
+    _check_checkpointing(how, compiler)
 
 
 def test_checkpointed_site_compiled_equal_eager_chain():
@@ -104,11 +111,7 @@ def test_checkpointed_site_compiled_equal_eager_chain():
 def test_checkpointing_on_a_gpu_recomputes_the_traced_launches():
     """On CUDA with Inductor the fused ops are traced as their kernel launches
     (lowerings/inline.py); under checkpointing AOTAutograd tags those for recomputation too."""
-    y, grads, kept, sites = _step(None, "inductor", device="cuda")
-    y_ac, grads_ac, kept_ac, sites_ac = _step("full", "inductor", device="cuda")
-    assert sites == sites_ac == 1
-    assert _same_bits(y, y_ac) and all(_same_bits(a, b) for a, b in zip(grads, grads_ac, strict=True))
-    assert set(kept) & set(PACKED) and not set(kept_ac) & set(PACKED), (kept, kept_ac)
+    _check_checkpointing("full", "inductor", device="cuda")
 
 
 def test_explain_names_the_checkpointed_region():
@@ -132,7 +135,7 @@ def test_eager_grouped_mlp_under_checkpoint_changes_no_bit():
         y = checkpoint(mlp, xi, sizes, probs, use_reentrant=False) if checkpointed else mlp(xi, sizes, probs)
         y.float().square().mean().backward()
         runs.append([y, xi.grad, mlp.fc1_weight.grad, mlp.fc2_weight.grad])
-    assert all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
+    _assert_same_bits(*runs, "eager, checkpointed")
 
 
 class RegionLayers(torch.nn.Module):
@@ -182,7 +185,7 @@ def test_checkpointed_recompute_reuses_the_weight_casts():
             compiled(xi).float().square().mean().backward()
         runs.append([xi.grad] + [p.grad for p in block.parameters()])
     assert (kept.casts, kept.reuses) == (2, 2)
-    assert all(_same_bits(a, b) for a, b in zip(*runs, strict=True))
+    _assert_same_bits(*runs, "casts reused in the recompute")
 
 
 def test_torchtitan_checkpoint_wrapper():

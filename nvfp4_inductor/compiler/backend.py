@@ -149,7 +149,8 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     device = example_device(gm)
     record = CompiledGraphRecord([], [], [], options)
     counters["nvfp4"]["graphs"] += 1
-    for module, inside in graph_modules(gm):  # the graph, then the bodies of checkpointed / nested regions
+    modules = graph_modules(gm)  # the graph, then the bodies of checkpointed / nested regions
+    for module, inside in modules:
         sites, rejections = find_sites(module)
         record.rejections.extend(rejections)
         counters["nvfp4"]["sites_rewritten"] += len(sites)
@@ -163,7 +164,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             record.regions.append(inside)
         record.call_nodes.extend(rewrite_sites(module, sites, make_call=[fn for fn, _ in calls],
                                                call_options=[kwargs for _, kwargs in calls]))
-    record.rejections.extend(unreached_sites(gm))  # sites in other higher-order ops' bodies: reported
+    record.rejections.extend(unreached_sites(modules))  # sites in other higher-order ops' bodies: reported
     counters["nvfp4"]["sites_rejected"] += len(record.rejections)
     for rejection in record.rejections:
         counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1

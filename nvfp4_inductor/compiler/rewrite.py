@@ -94,13 +94,13 @@ _UNREACHED = {
 }
 
 
-def unreached_sites(gm: torch.fx.GraphModule) -> list[Rejection]:
+def unreached_sites(modules: list[tuple[torch.fx.GraphModule, tuple[str, ...]]]) -> list[Rejection]:
     """Every grouped MLP (and near-miss) in the body of a higher-order op the backend does not
-    rewrite in (a custom autograd.Function, torch.cond, a loop, ...), as a rejection saying
-    where it is: it runs as written, and explain must not be silent about it."""
+    rewrite in (a custom autograd.Function, torch.cond, a loop, ...), called from one of
+    `modules` (``graph_modules``'s list), as a rejection saying where it is: it runs as
+    written, and explain must not be silent about it."""
     out, seen = [], set()
-    pending = [(body, hop) for module, _ in graph_modules(gm) for hop, body, rewritten in _bodies(module)
-               if not rewritten]
+    pending = [(body, hop) for module, _ in modules for hop, body, rewritten in _bodies(module) if not rewritten]
     while pending:
         body, hop = pending.pop(0)
         if id(body) in seen:
