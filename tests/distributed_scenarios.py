@@ -10,7 +10,8 @@ Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tol
     fsdp2_compiled         FSDP2 (bf16), the MoE block compiled after fully_shard (aot_eager):
                            every gradient == the single-process run of each rank's batch,
                            summed and divided by the world size; one site rewritten
-    fsdp2_mixed_precision  the same with fp32 parameters and MixedPrecisionPolicy(bf16)
+    fsdp2_mixed_precision  the same with fp32 parameters, bf16 compute and fp32 gradient
+                           reduction (MixedPrecisionPolicy(bf16, reduce_dtype=fp32))
     fsdp2_inductor         the experts compiled with Inductor under FSDP2 (the one Inductor case)
     fsdp2_checkpointed     fsdp2_compiled with the MoE block under activation checkpointing
                            (torchtitan's checkpoint_wrapper, then fully_shard, then compile)
@@ -240,7 +241,10 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
     model.load_state_dict(reference.state_dict())
     if checkpointed:  # torchtitan's order: checkpoint the block, then shard, then compile
         model.moe = checkpoint_wrapper(model.moe, preserve_rng_state=False)
-    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=BF16)} if mixed_precision else {}
+    # reduce_dtype named: without it torch < 2.15 reduces in param_dtype, 2.15 in the
+    # parameters' dtype; fp32 is what torchtitan sets (and 2.15's default for fp32 masters)
+    mixed = MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32)
+    policy = {"mp_policy": mixed} if mixed_precision else {}
     fully_shard(model.moe, **policy)
     fully_shard(model, **policy)
     fresh_counters()
@@ -256,7 +260,8 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
     assert bool(packed) != checkpointed, f"kept for backward: {sorted(map(str, set(kept)))}"
 
     # Single process: each rank's batch with the step's seed (bf16 copies of fp32 masters
-    # when mixed precision), gradients summed over ranks, divided by the world size.
+    # when mixed precision), gradients summed over ranks in the reduce dtype (fp32 when mixed
+    # precision), divided by the world size.
     compute = Model(recipe, BF16, ctx.device)
     compute.load_state_dict({k: v.to(BF16) for k, v in reference.state_dict().items()})
     total = {}
@@ -265,12 +270,13 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
         torch.manual_seed(STEP_SEED)
         _loss(compute, tokens(rank, ctx.device)[0]).backward()
         for name, p in compute.named_parameters():
-            total[name] = p.grad.clone() if name not in total else total[name] + p.grad
+            grad = p.grad.to(dtype, copy=True)
+            total[name] = grad if name not in total else total[name] + grad
     # collectives first; the checkpoint wrapper's prefix dropped from the names
     gathered = {name.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor()
                 for name, p in model.named_parameters()}
     for name, grad in gathered.items():
-        same(grad, (total[name] / ctx.world).to(dtype), f"grad {name}")
+        same(grad, total[name] / ctx.world, f"grad {name}")
     return f"{len(total)} gradients bitwise, 1 site"
 
 

@@ -605,7 +605,7 @@ class DataDependentRowsMoE(nn.Module):
         counts = torch.histc(experts.float(), bins=G, min=0, max=G - 1).to(torch.int64)
         sizes = counts.tolist()                                       # host sizes, as an all-to-all split
         for s in sizes:
-            torch._check_is_size(s)
+            torch._check(s >= 0)
         group_of_row = torch.repeat_interleave(torch.arange(G), counts, output_size=sum(sizes))
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         xs, ps = rows[order], p[order]
