@@ -13,7 +13,6 @@ seen with other values before may be traced as dynamic. The reports print as tab
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 import logging
@@ -81,7 +80,10 @@ def _fresh_code(fn: Callable) -> Callable:
     fn = getattr(fn, "_orig_mod", fn)  # torch.compile(module)
     fn = torch._dynamo.eval_frame.innermost_fn(fn)  # torch.compile(function)
     if isinstance(fn, torch.nn.Module) and isinstance(fn.forward, types.MethodType) and fn.forward.__self__ is fn:
-        clone = copy.copy(fn)
+        # copy.copy without the class's __new__: FSDP2's module classes override it to build
+        # the original class, which calls __init__ without its arguments
+        clone = object.__new__(type(fn))
+        clone.__dict__.update(fn.__dict__)
         clone.forward = types.MethodType(_copy_function(fn.forward.__func__), clone)
         return clone
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
@@ -603,6 +605,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _register_sharded_parameters(module: torch.nn.Module) -> None:
+    """Registers each FSDP2 module's sharded parameters, the ones its backward leaves the
+    gradients on. After a forward that no backward followed (``explain``'s, a no_grad
+    evaluation) FSDP2 keeps the root's all-gathered copies registered until its next
+    backward ends, and reading ``.grad`` off those would find none."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def _backward_grads(outs: list[torch.Tensor], wrt: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
     """The gradients of `wrt` from one backward of `outs` (fixed output gradients), read from
     ``.grad`` as a training step leaves them: an FSDP2 parameter gets its gradient only there
@@ -669,6 +685,7 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     options = _options(recipe, recompute, compiler)
     grad_inputs = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if isinstance(fn, torch.nn.Module):
+        _register_sharded_parameters(fn)
         grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
     records = _PerGraph()
 

@@ -15,6 +15,8 @@ Every scenario compares bytes (``_assertions.assert_bytes_equal``) with zero tol
     fsdp2_inductor         the experts compiled with Inductor under FSDP2 (the one Inductor case)
     fsdp2_checkpointed     fsdp2_compiled with the MoE block under activation checkpointing
                            (torchtitan's checkpoint_wrapper, then fully_shard, then compile)
+    fsdp2_inspection       explain, a no_grad forward, then compare on the FSDP2 root module:
+                           every output and gradient compared, bitwise; .grad left as it was
     ep_eager               expert parallel: rows and per-expert counts dispatched with
                            all_to_all_single, G/W experts per rank, combined back: Y, dX, dprob,
                            dW1, dW2 == a single-process G-expert run over every rank's tokens
@@ -79,7 +81,7 @@ RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
 SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_checkpointed", "fsdp2_micro_batches",
-             "ep_eager", "ep_one_graph", "transformers_ep_fsdp2", "dtensor_shard0", "dtensor_replicate",
+             "fsdp2_inspection", "ep_eager", "ep_one_graph", "transformers_ep_fsdp2", "dtensor_shard0", "dtensor_replicate",
              "dtensor_rejections", "sr_ranks")
 MESH_SCENARIOS = ("ep_fsdp2",)  # a 2-D mesh: 4 ranks or more (launched apart from SCENARIOS)
 NEEDS = {"transformers_ep_fsdp2": ("transformers", "accelerate")}  # packages beyond ours (the test extra)
@@ -330,6 +332,33 @@ def fsdp2_micro_batches(ctx):
     for name, grad in reused.items():
         same(grad, every_time[name], f"grad {name}")
     return f"{len(reused)} gradients bitwise, W1 and W2 cast once for {micro_batches} micro-batches"
+
+
+def fsdp2_inspection(ctx):
+    """explain, an evaluation and compare on an FSDP2 root module itself (not a wrapper), in
+    the order a user runs them: compare finds every parameter's gradient (FSDP2 keeps the
+    root's all-gathered parameters registered after a forward that no backward followed)
+    and leaves the caller's own gradients in place."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Model(SR_SINGLE, BF16, ctx.device)
+    fully_shard(model.moe)
+    fully_shard(model)
+    x = tokens(ctx.rank, ctx.device)[0]
+    _loss(model, x).backward()  # a training step's gradients, which compare must put back
+    before = {name: p.grad.to_local().clone() for name, p in model.named_parameters()}
+    explained = nv.explain(model, x)
+    assert len(explained.sites) == 1, str(explained)
+    with torch.no_grad():
+        model(x)
+    report = nv.compare(model, x, compiler="aot_eager")
+    assert report.sites == 1 and report.bitwise, str(report)
+    unchecked = [r.name for r in report.rows if r.note]
+    assert not unchecked, f"not compared: {unchecked}"
+    for name, p in model.named_parameters():
+        same(p.grad.to_local(), before[name], f"{name}.grad after compare")
+    return f"explain 1 site; compare: {len(report.rows)} outputs and gradients bitwise; .grad kept"
 
 
 # ----------------------------------------------------------------------------- expert parallel
