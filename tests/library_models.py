@@ -6,7 +6,8 @@ built from its own config class with tiny sizes (``build_experts``), and put beh
 softmax top-k router (moe_models.SparseMoeBlock); ``expected_activation`` says which
 registered activation its ``act_fn`` / ``_apply_gate`` computes, by evaluating it (the
 recognition must follow the function, not a release's spelling). ``tiny_causal_lm`` builds
-whole one-layer models of the named families. torchtitan is re-created in moe_models.py
+whole one-layer models of the named families, ``any_tiny_causal_lm`` two-layer models of
+any family its generic settings fit. torchtitan is re-created in moe_models.py
 (its dependencies are too heavy for CI; see README).
 """
 
@@ -154,6 +155,55 @@ def tiny_causal_lm(family: str, dtype=torch.bfloat16, experts_implementation="gr
         warnings.simplefilter("ignore")
         return tf.AutoModelForCausalLM.from_config(configs[family](), experts_implementation=experts_implementation,
                                                    dtype=dtype)
+
+
+# What a tiny whole model of any family sets where its config has the field: 2 decoder
+# layers, every MLP layer an MoE layer, no multi-token-prediction layer, MLA's ranks small.
+TINY_MODEL = dict(vocab_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                  max_position_embeddings=64, first_k_dense_replace=0, n_shared_experts=1, kv_lora_rank=16,
+                  q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, decoder_sparse_step=1,
+                  moe_layer_freq=1, mlp_only_layers=[], num_nextn_predict_layers=0)
+
+
+def _set(config, key, value) -> None:
+    try:
+        setattr(config, key, value)
+    except Exception:  # a read-only or validated field: the family keeps its own
+        pass
+
+
+def any_tiny_causal_lm(family: str, dtype=torch.bfloat16):
+    """A two-layer CausalLM of ``family`` from its own config class (its text config too),
+    with TINY_SIZES and TINY_MODEL where the config has them, MLA's head_dim its rope
+    dimension, one layer of each attention kind, and every MLP layer sparse. Raises where
+    the family needs more than that (a vision tower, per-layer configs)."""
+    import transformers as tf
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[family]()
+    text = getattr(config, "text_config", None)
+    for c in [config] + ([text] if text is not None else []):
+        _shrink(c)
+        for key, value in TINY_MODEL.items():
+            if hasattr(c, key):
+                _set(c, key, value)
+        if getattr(c, "qk_rope_head_dim", None) and hasattr(c, "head_dim"):
+            _set(c, "head_dim", c.qk_rope_head_dim)
+        if isinstance(getattr(c, "mlp_layer_types", None), (list, tuple)):
+            _set(c, "mlp_layer_types", ["sparse"] * c.num_hidden_layers)
+        if isinstance(getattr(c, "layer_types", None), (list, tuple)) and c.layer_types:
+            kinds = list(dict.fromkeys(c.layer_types))
+            _set(c, "layer_types", (kinds * c.num_hidden_layers)[:c.num_hidden_layers])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tf.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm", dtype=dtype)
+
+
+def experts_layers(model: torch.nn.Module) -> int:
+    """How many of the model's modules are transformers experts classes."""
+    classes = tuple(case.experts for case in transformers_experts())
+    return sum(isinstance(m, classes) for m in model.modules())
 
 
 class Logits(torch.nn.Module):
