@@ -158,8 +158,10 @@ def tiny_causal_lm(family: str, dtype=torch.bfloat16, experts_implementation="gr
 
 
 # What a tiny whole model of any family sets where its config has the field: 2 decoder
-# layers, every MLP layer an MoE layer, no multi-token-prediction layer, MLA's ranks small.
-TINY_MODEL = dict(vocab_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+# layers, every MLP layer an MoE layer, no multi-token-prediction layer, MLA's ranks small,
+# a padding token inside the vocabulary.
+TINY_MODEL = dict(vocab_size=64, pad_token_id=0, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=16,
                   max_position_embeddings=64, first_k_dense_replace=0, n_shared_experts=1, kv_lora_rank=16,
                   q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, decoder_sparse_step=1,
                   moe_layer_freq=1, mlp_only_layers=[], num_nextn_predict_layers=0)
@@ -172,11 +174,12 @@ def _set(config, key, value) -> None:
         pass
 
 
-def any_tiny_causal_lm(family: str, dtype=torch.bfloat16):
+def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
     """A two-layer CausalLM of ``family`` from its own config class (its text config too),
-    with TINY_SIZES and TINY_MODEL where the config has them, MLA's head_dim its rope
-    dimension, one layer of each attention kind, and every MLP layer sparse. Raises where
-    the family needs more than that (a vision tower, per-layer configs)."""
+    with TINY_SIZES and TINY_MODEL (updated by `settings`) where the config has them, MLA's
+    head_dim its rope dimension, one layer of each attention kind, and every MLP layer
+    sparse. Raises where the family needs more than that (a vision tower, per-layer
+    configs)."""
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -184,7 +187,7 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16):
     text = getattr(config, "text_config", None)
     for c in [config] + ([text] if text is not None else []):
         _shrink(c)
-        for key, value in TINY_MODEL.items():
+        for key, value in {**TINY_MODEL, **settings}.items():
             if hasattr(c, key):
                 _set(c, key, value)
         if getattr(c, "qk_rope_head_dim", None) and hasattr(c, "head_dim"):

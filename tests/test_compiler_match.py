@@ -332,6 +332,46 @@ def test_graph_breaking_expert_loop_does_not_crash():
         check_rewrite(captured, exact=True)
 
 
+def test_a_concatenation_of_projections_is_no_candidate():
+    """An attention's query input (DeepSeek-style MLA, transformers' axk2): one projection
+    and its normalised copy concatenated along the last dim; not an expert loop, so not a
+    rejection either."""
+
+    class QueryInput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(mm.H, 16, bias=False, dtype=torch.bfloat16)
+            self.norm = torch.nn.RMSNorm(16, dtype=torch.bfloat16)
+            self.gate = torch.nn.Linear(32, mm.H, bias=False, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            q = self.proj(self.gate(torch.cat([x, x], dim=-1)[:, :32]))
+            return self.gate(torch.cat([self.norm(q), q], dim=-1))
+
+    (captured,) = capture(QueryInput(), (torch.randn(16, mm.H, dtype=torch.bfloat16),))
+    assert find_sites(captured.gm) == ([], [])
+
+
+def test_an_expert_loop_concatenated_along_columns_is_rejected():
+    """The same loop with every expert's output concatenated along dim -1: still a
+    candidate, rejected with the reason."""
+
+    class ColumnLoop(torch.nn.Module):
+        def __init__(self, experts=2, f=32):
+            super().__init__()
+            self.w1 = torch.nn.Parameter(torch.randn(experts, f, mm.H, dtype=torch.bfloat16))
+            self.w2 = torch.nn.Parameter(torch.randn(experts, mm.H, f, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            parts = torch.split(x, [8, 8])
+            return torch.cat([F.linear(F.relu(F.linear(p, self.w1[e])) ** 2, self.w2[e]) for e, p in enumerate(parts)],
+                             dim=-1)
+
+    (captured,) = capture(ColumnLoop(), (torch.randn(16, mm.H, dtype=torch.bfloat16),))
+    sites, rejections = find_sites(captured.gm)
+    assert sites == [] and [r.reason for r in rejections] == ["experts concatenated along dim -1, expected dim 0"]
+
+
 def test_no_moe_no_sites():
     model = mm.SwiGLUMLP()
     (captured,) = capture(model, (torch.randn(16, mm.H, dtype=torch.bfloat16),))

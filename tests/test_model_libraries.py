@@ -109,15 +109,17 @@ def test_whole_model_training_step(family):
 
 
 # The families whose whole CausalLM any_tiny_causal_lm builds and runs (transformers 5.25.0:
-# 38 of the 71 families with grouped_mm experts; the others need settings of their own, a
-# vision tower or per-layer configs, and keep the experts-class tests above), and the two
-# whose experts compute another activation.
-WHOLE_MODELS = ("afmoe", "axk1", "beam", "cohere2_moe", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5_moe",
-                "exaone_moe", "flint", "glm4_moe", "glm4_moe_lite", "granitemoe", "granitemoe_swa", "granitemoeshared",
-                "hunyuan_v1_moe", "hy_v3", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "mellum", "mimo_v2_flash",
+# 45 of the 71 families with grouped_mm experts; the others need settings of their own, a
+# vision tower or per-layer configs, and keep the experts-class tests above), three of them
+# with experts that compute another activation.
+WHOLE_MODELS = ("afmoe", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2", "deepseek_v3",
+                "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
+                "glm4_moe_lite", "glm_moe_dsa", "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe",
+                "hy_v3", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "mellum", "mimo_v2_flash",
                 "minicpm5_moe", "minimax", "minimax_m2", "mixtral", "nemotron_h", "olmoe", "phimoe", "qwen2_moe",
                 "qwen3_5_moe", "qwen3_moe", "qwen3_next", "solar_open", "zaya")
-OTHER_ACTIVATION = ("deepseek_v4", "gpt_oss")
+OTHER_ACTIVATION = ("deepseek_v4", "gpt_oss", "hy_v4")
+SETTINGS = dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4"), {"num_key_value_heads": 2})  # their indexers
 
 
 @pytest.mark.parametrize("family", WHOLE_MODELS + OTHER_ACTIVATION)
@@ -130,7 +132,7 @@ def test_every_moe_layer_of_a_whole_model_is_rewritten_or_rejected(family):
 
     if family not in CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no {family}")
-    model = lib.any_tiny_causal_lm(family).train()
+    model = lib.any_tiny_causal_lm(family, **SETTINGS.get(family, {})).train()
     layers = lib.experts_layers(model)
     report = nv.explain(lib.Logits(model), lib.input_ids())
     assert layers >= 1, "no experts layer built"  # 1 where the family's first layer stays dense

@@ -45,7 +45,10 @@ def find_expert_loop(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejecti
         if not is_op(cat, torch.cat) or not isinstance(cat.args[0], (list, tuple)):
             continue
         parts = list(cat.args[0])
-        if not any(isinstance(p, Node) and _fc2_of(p) is not None for p in parts):
+        # a loop concatenates several experts' fc2 outputs; one GEMM output among the parts
+        # is any concatenation of projections (MLA's query input, a gated head's inputs)
+        experts = sum(isinstance(p, Node) and _fc2_of(p) is not None for p in parts)
+        if experts < min(2, len(parts)):
             continue
         found = expert_loop_site(cat)
         if isinstance(found, Site):
