@@ -447,8 +447,9 @@ def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recomp
     """Compile and run `fn` on `args` / `kwargs` with the nvfp4 backend (forward, and
     backward when an output needs grad) under depyf, which writes the Dynamo graph, the
     forward/backward graphs and Inductor's generated code to the folder `path`; returns
-    the files written. A folder an earlier dump_code wrote is emptied first, so old and
-    new files never mix; a folder holding anything else is refused. The fused ops'
+    the files written; the caller's ``.grad`` are left as they were. A folder an earlier
+    dump_code wrote is emptied first, so old and new files never mix; a folder holding
+    anything else is refused. The fused ops'
     options read by name in the graphs and the code (``activation='swiglu', rht=True``)."""
     import depyf
 
@@ -456,7 +457,7 @@ def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recomp
     path = _dump_folder(path)
     compiled = compile_apart(fn, backend_mod.backend(recipe=options.recipe, recompute=options.recompute,
                                                      compiler=options.compiler))
-    with depyf.prepare_debug(str(path)):
+    with depyf.prepare_debug(str(path)), _callers_grads_kept([t for _, t in _grad_inputs(fn, args, kwargs)]):
         outs = [o for o in _flatten(compiled(*args, **kwargs)) if o.requires_grad]
         if outs:
             torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
@@ -619,22 +620,41 @@ def _register_sharded_parameters(module: torch.nn.Module) -> None:
             m.reshard()
 
 
-def _backward_grads(outs: list[torch.Tensor], wrt: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
-    """The gradients of `wrt` from one backward of `outs` (fixed output gradients), read from
-    ``.grad`` as a training step leaves them: an FSDP2 parameter gets its gradient only there
-    (reduce-scattered by FSDP's hooks; ``autograd.grad`` would see the unsharded copy FSDP
-    computes with, not the parameter). Each tensor's own ``.grad`` is put back afterwards."""
-    kept = [t.grad for t in wrt]
-    for t in wrt:
+def _grad_inputs(fn: Callable, args, kwargs) -> list[tuple[str, torch.Tensor]]:
+    """What a backward of `fn` leaves gradients on: the arguments (positional and keyword)
+    that require grad and, when `fn` is a module, its parameters (FSDP2's sharded ones)."""
+    given = [(f"arg{i}", a) for i, a in enumerate(args)] + [(f"arg {k}", a) for k, a in kwargs.items()]
+    out = [(name, a) for name, a in given if isinstance(a, torch.Tensor) and a.requires_grad]
+    if isinstance(fn, torch.nn.Module):
+        _register_sharded_parameters(fn)
+        out += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
+    return out
+
+
+@contextlib.contextmanager
+def _callers_grads_kept(tensors: list[torch.Tensor]):
+    """Inside, each tensor's ``.grad`` starts at None (retained for non-leaves); after, the
+    caller's own ``.grad`` is put back, so an inspection's backward changes no gradient."""
+    kept = [t.grad for t in tensors]
+    for t in tensors:
         t.grad = None
         if not t.is_leaf:
             t.retain_grad()
     try:
+        yield
+    finally:
+        for t, grad in zip(tensors, kept):
+            t.grad = grad
+
+
+def _backward_grads(outs: list[torch.Tensor], wrt: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """The gradients of `wrt` from one backward of `outs` (fixed output gradients), read from
+    ``.grad`` as a training step leaves them: an FSDP2 parameter gets its gradient only there
+    (reduce-scattered by FSDP's hooks; ``autograd.grad`` would see the unsharded copy FSDP
+    computes with, not the parameter)."""
+    with _callers_grads_kept(wrt):
         torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
         return [t.grad for t in wrt]
-    finally:
-        for t, grad in zip(wrt, kept):
-            t.grad = grad
 
 
 def _eager_chain_call(site_options: BackendOptions, plan):
@@ -683,10 +703,7 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
     options = _options(recipe, recompute, compiler)
-    grad_inputs = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if isinstance(fn, torch.nn.Module):
-        _register_sharded_parameters(fn)
-        grad_inputs += [(f"param {n}", p) for n, p in fn.named_parameters() if p.requires_grad]
+    grad_inputs = _grad_inputs(fn, args, kwargs)
     records = _PerGraph()
 
     def nvfp4(gm, example_inputs, **kw):  # the nvfp4 backend, keeping what it rewrote

@@ -270,6 +270,19 @@ def test_dump_code_reuses_its_folder_with_only_the_new_files(tmp_path):
     assert on_disk == second and not any("Backward_graph" in f.name for f in second)
 
 
+def test_dump_code_and_compare_leave_the_callers_gradients(tmp_path):
+    """Both run a backward; neither adds to a gradient the caller has (mid-accumulation,
+    say) nor leaves one where there was none, keyword arguments included."""
+    mlp, x, sizes, probs = _mlp_inputs()
+    mine = torch.full_like(mlp.fc1_weight, 0.5)
+    mlp.fc1_weight.grad = mine
+    nv.dump_code(mlp, x, sizes, probs=probs, path=tmp_path / "dump", **FAST)
+    report = nv.compare(mlp, x, sizes, probs=probs, **FAST)
+    assert report.bitwise and "grad arg probs" in [r.name for r in report.rows], str(report)  # keywords too
+    assert mlp.fc1_weight.grad is mine and bool((mine == 0.5).all())
+    assert mlp.fc2_weight.grad is None and x.grad is None and probs.grad is None
+
+
 def test_dump_code_refuses_a_folder_it_did_not_write(tmp_path):
     mlp, x, sizes, probs = _mlp_inputs()
     (tmp_path / "notes.txt").write_text("mine")
