@@ -449,8 +449,8 @@ def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recomp
     forward/backward graphs and Inductor's generated code to the folder `path`; returns
     the files written; the caller's ``.grad`` are left as they were. A folder an earlier
     dump_code wrote is emptied first, so old and new files never mix; a folder holding
-    anything else is refused. The fused ops'
-    options read by name in the graphs and the code (``activation='swiglu', rht=True``)."""
+    anything else is refused. The fused ops' options read by name in the graphs and the
+    code (``activation='swiglu', rht=True``)."""
     import depyf
 
     options = _options(recipe, recompute, compiler)

@@ -161,10 +161,9 @@ def tiny_causal_lm(family: str, dtype=torch.bfloat16, experts_implementation="gr
 # layers, every MLP layer an MoE layer, no multi-token-prediction layer, MLA's ranks small,
 # a padding token inside the vocabulary.
 TINY_MODEL = dict(vocab_size=64, pad_token_id=0, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                  head_dim=16,
-                  max_position_embeddings=64, first_k_dense_replace=0, n_shared_experts=1, kv_lora_rank=16,
-                  q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, decoder_sparse_step=1,
-                  moe_layer_freq=1, mlp_only_layers=[], num_nextn_predict_layers=0)
+                  head_dim=16, max_position_embeddings=64, first_k_dense_replace=0, n_shared_experts=1,
+                  kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                  decoder_sparse_step=1, moe_layer_freq=1, mlp_only_layers=[], num_nextn_predict_layers=0)
 
 
 def _set(config, key, value) -> None:
