@@ -88,10 +88,19 @@ NEEDS = {"transformers_ep_fsdp2": ("transformers", "accelerate")}  # packages be
 
 
 def missing(name: str) -> list[str]:
-    """The packages scenario `name` needs that are not installed."""
+    """The packages scenario `name` needs that are not installed (or too old: transformers'
+    expert parallelism, ``DistributedConfig(ep_size=...)``, is newer than 5.17)."""
     import importlib.util
 
-    return [package for package in NEEDS.get(name, ()) if importlib.util.find_spec(package) is None]
+    absent = [package for package in NEEDS.get(name, ()) if importlib.util.find_spec(package) is None]
+    if name == "transformers_ep_fsdp2" and "transformers" not in absent:
+        import inspect
+
+        from transformers.distributed import DistributedConfig
+
+        if "ep_size" not in inspect.signature(DistributedConfig).parameters:
+            absent.append("transformers with DistributedConfig(ep_size=...) (the test extra's)")
+    return absent
 
 
 # ----------------------------------------------------------------------------- launching
