@@ -52,6 +52,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -81,26 +83,33 @@ RNE = nv.Recipe(stochastic_rounding=False)
 STEP_SEED = 7
 
 SCENARIOS = ("fsdp2_compiled", "fsdp2_mixed_precision", "fsdp2_inductor", "fsdp2_checkpointed", "fsdp2_micro_batches",
-             "fsdp2_inspection", "ep_eager", "ep_one_graph", "transformers_ep_fsdp2", "dtensor_shard0", "dtensor_replicate",
-             "dtensor_rejections", "sr_ranks")
+             "fsdp2_inspection", "ep_eager", "ep_one_graph", "transformers_ep_fsdp2", "dtensor_shard0",
+             "dtensor_replicate", "dtensor_rejections", "sr_ranks")
 MESH_SCENARIOS = ("ep_fsdp2",)  # a 2-D mesh: 4 ranks or more (launched apart from SCENARIOS)
-NEEDS = {"transformers_ep_fsdp2": ("transformers", "accelerate")}  # packages beyond ours (the test extra)
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def _transformers_expert_parallel() -> bool:
+    """transformers' own expert parallelism, ``DistributedConfig(ep_size=...)`` (newer
+    than 5.17; the test extra's transformers has it)."""
+    if not _installed("transformers"):
+        return False
+    from transformers.distributed import DistributedConfig
+
+    return "ep_size" in inspect.signature(DistributedConfig).parameters
+
+
+# what a scenario needs beyond our package (the test extra), each with its check
+NEEDS = {"transformers_ep_fsdp2": {"transformers with DistributedConfig(ep_size=...)": _transformers_expert_parallel,
+                                   "accelerate": lambda: _installed("accelerate")}}
 
 
 def missing(name: str) -> list[str]:
-    """The packages scenario `name` needs that are not installed (or too old: transformers'
-    expert parallelism, ``DistributedConfig(ep_size=...)``, is newer than 5.17)."""
-    import importlib.util
-
-    absent = [package for package in NEEDS.get(name, ()) if importlib.util.find_spec(package) is None]
-    if name == "transformers_ep_fsdp2" and "transformers" not in absent:
-        import inspect
-
-        from transformers.distributed import DistributedConfig
-
-        if "ep_size" not in inspect.signature(DistributedConfig).parameters:
-            absent.append("transformers with DistributedConfig(ep_size=...) (the test extra's)")
-    return absent
+    """What scenario `name` needs that is not installed (or too old)."""
+    return [need for need, present in NEEDS.get(name, {}).items() if not present()]
 
 
 # ----------------------------------------------------------------------------- launching

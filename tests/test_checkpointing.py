@@ -3,11 +3,12 @@
 Dynamo puts a checkpointed region (torch.utils.checkpoint; full, selective and reentrant
 checkpointing alike) and a nested compile region (torch.compiler.nested_compile_region) in
 the graph as a higher-order op whose body is a graph of its own; the backend rewrites the
-sites in those bodies (compiler/rewrite.py, ``BODY_HOPS``). Checked here: the site inside is rewritten, compiled == the eager NVFP4
-chain bit for bit, checkpointing changes no bit of any output or gradient (the forward
-rounds to nearest, and the backward draws its stochastic-rounding seeds as without it),
-and what the step keeps from forward to backward is the region's inputs, not the block's
-NVFP4 copies (the forward is recomputed in the backward). transformers' own gradient
+sites in those bodies (compiler/rewrite.py, ``BODY_HOPS``). Checked here: the site inside
+is rewritten, compiled == the eager NVFP4 chain bit for bit, checkpointing changes no bit
+of any output or gradient (the forward rounds to nearest, and the backward draws its
+stochastic-rounding seeds as without it), and what the step keeps from forward to backward
+is the region's inputs, not the block's NVFP4 copies (the forward is recomputed in the
+backward). transformers' own gradient
 checkpointing is in test_model_libraries.py.
 """
 

@@ -25,8 +25,9 @@ def cpu_results(tmp_path_factory):
 
 
 def _verdict(results: dict, name: str) -> None:
-    if scenarios.missing(name):
-        pytest.skip(f"{name} needs {', '.join(scenarios.missing(name))} (the test extra)")
+    absent = scenarios.missing(name)
+    if absent:
+        pytest.skip(f"{name} needs {', '.join(absent)} (the test extra)")
     failed = {rank: r[name]["detail"] for rank, r in results.items() if not r.get(name, {}).get("ok")}
     assert not failed, "\n".join(f"rank {rank}: {detail}" for rank, detail in failed.items())
 
