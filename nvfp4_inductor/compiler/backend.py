@@ -63,7 +63,7 @@ class _PackageVersion(CustomGraphPass):
 
 
 class _RecomputeEmptyPlaceholders(CustomGraphPass):
-    """A joint-graph pass (before the partitioner) that marks every empty tensor made from
+    """A joint-graph pass (before the min-cut partition, either compiler) that marks every empty tensor made from
     nothing -- the zero-size stand-ins our op bodies pass for a kernel's unused operands
     and outputs -- to be made again where the backward uses it. Saving a zero-size
     tensor costs the partitioner's min-cut nothing, so it kept the backward's stand-ins
@@ -242,12 +242,18 @@ CPP_WRAPPER_REFUSED = (
 
 
 def _aot_eager(gm, example_inputs):
-    """torch's ``aot_eager_default_partitioner`` (AOTAutograd, default partitioner, graphs run
-    as traced), each graph run after ``kernels.set_launch_allocator()`` in its own thread:
-    its traced launches are ``wrap_triton`` calls, which set no Triton allocator, and the
-    backward runs on autograd's thread, where the one set while tracing does not reach."""
+    """torch's ``aot_eager`` (AOTAutograd and Inductor's min-cut partition, graphs run as
+    traced), each graph run after ``kernels.set_launch_allocator()`` in its own thread: its
+    traced launches are ``wrap_triton`` calls, which set no Triton allocator, and the
+    backward runs on autograd's thread, where the one set while tracing does not reach.
+
+    The partition is Inductor's min-cut with our joint pre-pass, so a checkpointed region
+    is recomputed as under "inductor". (AOTAutograd's default partitioner in torch 2.11
+    refuses a checkpointed graph that holds a device-side assert, as our group-size
+    check is on a GPU.)"""
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def compiler(fx_g, inputs):
         run = boxed_nop(fx_g, inputs)
@@ -259,7 +265,12 @@ def _aot_eager(gm, example_inputs):
         call._boxed_call = True
         return call
 
-    return aot_autograd(fw_compiler=compiler, keep_inference_input_mutations=True)(gm, example_inputs)
+    def partition(joint, joint_inputs, **kwargs):
+        _RecomputeEmptyPlaceholders()(joint.graph)  # Inductor runs it as its joint pre-pass
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    return aot_autograd(fw_compiler=compiler, partition_fn=partition, keep_inference_input_mutations=True)(
+        gm, example_inputs)
 
 
 def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bool = False) -> dict:
