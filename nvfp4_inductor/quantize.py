@@ -10,7 +10,7 @@ from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from .constants import RHT_DEFAULT_SIGN_MASK
 from .distributed import check_quantize_operand
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor
-from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args
+from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args, check_same_device
 
 
 def _present(tensors, rowwise: bool, columnwise: bool) -> list:
@@ -45,6 +45,7 @@ def quantize(
     )
     check_amax_arg("rowwise_amax", rowwise_amax, 1)
     check_amax_arg("columnwise_amax", columnwise_amax, 1)
+    check_same_device(x, rowwise_amax=rowwise_amax, columnwise_amax=columnwise_amax)
     check_quantize_operand(x, stochastic_rounding=stochastic_rounding, sr_per_rank=sr_per_rank)
     out = torch.ops.nvfp4.quantize(
         x, rowwise, columnwise, rht, sign_mask, block_2d, stochastic_rounding, rowwise_amax, columnwise_amax,
@@ -77,6 +78,7 @@ def group_quantize(
     check_group_sizes_meta(group_sizes)
     check_amax_arg("rowwise_amax", rowwise_amax, group_sizes.shape[0])
     check_amax_arg("columnwise_amax", columnwise_amax, group_sizes.shape[0])
+    check_same_device(x, group_sizes=group_sizes, rowwise_amax=rowwise_amax, columnwise_amax=columnwise_amax)
     check_quantize_operand(x, stochastic_rounding=stochastic_rounding, sr_per_rank=sr_per_rank)
     out = torch.ops.nvfp4.group_quantize(
         x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,

@@ -68,6 +68,14 @@ def check_amax_arg(name: str, amax: Optional[torch.Tensor], numel: int) -> None:
         raise ValueError(f"{name} must have {numel} element(s); got shape {tuple(amax.shape)}")
 
 
+def check_same_device(x: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+    """Every tensor of `others` (by argument name; None skipped) on x's device: a kernel
+    handed a tensor from another device fails deep inside, or copies it with a sync."""
+    for name, t in others.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device ({x.device}); got {t.device}")
+
+
 def check_group_sizes_meta(group_sizes: torch.Tensor, groups: Optional[int] = None) -> None:
     """Shape and dtype of group sizes (no values read)."""
     if group_sizes.dtype not in (torch.int32, torch.int64):
@@ -144,6 +152,4 @@ def check_grouped_mlp_args(
         # symbols; no guard is taken on them (the ops check values at run time)
         if probs.dim() != 1 or guard_or_false(probs.shape[0] != x.shape[0]):
             raise ValueError(f"probs must be (T,) = ({x.shape[0]},); got shape {tuple(probs.shape)}")
-    devices = {t.device for t in (x, fc1_weight, fc2_weight, group_sizes) + ((probs,) if probs is not None else ())}
-    if len(devices) > 1:
-        raise ValueError(f"x, weights, group_sizes and probs must be on one device; got {sorted(map(str, devices))}")
+    check_same_device(x, fc1_weight=fc1_weight, fc2_weight=fc2_weight, group_sizes=group_sizes, probs=probs)

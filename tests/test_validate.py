@@ -142,6 +142,17 @@ CASES = [
     Bad("grouped_mlp: fp64 probs", lambda: _grouped_mlp(probs=torch.rand(T, dtype=torch.float64)),
         r"^probs must have dtype"),
     Bad("grouped_mlp: 3-D x", lambda: _grouped_mlp(x=_bf16(2, T // 2, H)), r"^x must be 2-D"),
+    # another device: "meta" stands in for a GPU on this CPU-only suite
+    Bad("grouped_mlp: group_sizes on another device", lambda: _grouped_mlp(group_sizes=torch.tensor(SIZES).to("meta")),
+        r"^group_sizes must be on x's device \(cpu\); got meta"),
+    Bad("grouped_mlp: probs on another device", lambda: _grouped_mlp(probs=torch.rand(T).to("meta")),
+        r"^probs must be on x's device"),
+    Bad("grouped_mlp: fc2_weight on another device", lambda: _grouped_mlp(fc2_weight=_bf16(G, H, F).to("meta")),
+        r"^fc2_weight must be on x's device"),
+    Bad("group_quantize: group_sizes on another device",
+        lambda: nv.group_quantize(_bf16(T, 32), torch.tensor(SIZES).to("meta")), r"^group_sizes must be on x's device"),
+    Bad("quantize: amax on another device",
+        lambda: nv.quantize(_bf16(32, 32), rowwise_amax=torch.ones(1).to("meta")), r"^rowwise_amax must be on x's device"),
     # --- GroupedMLP (construct + forward)
     Bad("GroupedMLP: fp32 parameters", lambda: _module(dtype=torch.float32), r"^fc1_weight must have dtype bfloat16"),
     Bad("GroupedMLP: fp32 x", lambda: _module(x=torch.randn(T, H)), r"^x must have dtype bfloat16"),
