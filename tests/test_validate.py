@@ -152,7 +152,8 @@ CASES = [
     Bad("group_quantize: group_sizes on another device",
         lambda: nv.group_quantize(_bf16(T, 32), torch.tensor(SIZES).to("meta")), r"^group_sizes must be on x's device"),
     Bad("quantize: amax on another device",
-        lambda: nv.quantize(_bf16(32, 32), rowwise_amax=torch.ones(1).to("meta")), r"^rowwise_amax must be on x's device"),
+        lambda: nv.quantize(_bf16(32, 32), rowwise_amax=torch.ones(1).to("meta")),
+        r"^rowwise_amax must be on x's device"),
     # --- GroupedMLP (construct + forward)
     Bad("GroupedMLP: fp32 parameters", lambda: _module(dtype=torch.float32), r"^fc1_weight must have dtype bfloat16"),
     Bad("GroupedMLP: fp32 x", lambda: _module(x=torch.randn(T, H)), r"^x must have dtype bfloat16"),
