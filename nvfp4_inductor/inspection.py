@@ -21,6 +21,7 @@ import pathlib
 import re
 import shutil
 import types
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
@@ -684,8 +685,30 @@ def eager_semantics_backend(options: BackendOptions, scope: str = "blocks"):
     return nvfp4_eager_chain
 
 
+@contextlib.contextmanager
+def _deterministic_algorithms(enabled: bool):
+    """Inside, ``torch.use_deterministic_algorithms(True, warn_only=True)`` when `enabled`,
+    the caller's mode after. On CUDA, ops that add with atomics (``scatter_add``,
+    ``index_add``, a gather's or an indexing's backward) add in an order that changes from
+    run to run: the same compiled program twice differs in some bits. warn_only: an op with
+    no deterministic kernel (CUDA's ``histc``, a router's counts) still runs, its warning
+    silenced here."""
+    if not enabled:
+        yield
+        return
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
 def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True,
-            compiler: str = "inductor", scope: str = "blocks", seed: int = 0, **kwargs) -> CompareReport:
+            compiler: str = "inductor", scope: str = "blocks", seed: int = 0, deterministic: bool = True,
+            **kwargs) -> CompareReport:
     """Are the rewritten blocks exactly the eager NVFP4 chain? Runs `fn` on `args` /
     `kwargs` twice, forward and backward (fixed output gradients, same seed), and compares
     every output and every gradient (inputs that require grad, and parameters when `fn` is
@@ -699,7 +722,11 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
         program compiled by the nvfp4 backend; differences outside the blocks are then
         the compiler's own rounding.
     recipe / recompute / compiler: the backend's options. When the backend rewrites no
-    grouped MLP, the report gives no verdict (``bitwise`` is None)."""
+    grouped MLP, the report gives no verdict (``bitwise`` is None).
+    deterministic (default True): both sides run under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``, the caller's mode restored
+    after: on CUDA the atomics of a ``scatter_add`` combine or a gather's backward would
+    otherwise make two runs of one program differ."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
     options = _options(recipe, recompute, compiler)
@@ -710,11 +737,12 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
         records.add(backend_mod.rewrite_graph(gm, options))
         return backend_mod.compile_rewritten(gm, example_inputs, options)
 
-    compiled = _run(fn, args, kwargs, nvfp4, seed, grad_inputs)
-    sites, rejected = sum(len(r.sites) for r in records), sum(len(r.rejections) for r in records)
-    if not sites:
-        return CompareReport([], scope, compiler, 0, rejected, len(records))
-    eager = _run(fn, args, kwargs, eager_semantics_backend(options, scope), seed, grad_inputs)
+    with _deterministic_algorithms(deterministic):
+        compiled = _run(fn, args, kwargs, nvfp4, seed, grad_inputs)
+        sites, rejected = sum(len(r.sites) for r in records), sum(len(r.rejections) for r in records)
+        if not sites:
+            return CompareReport([], scope, compiler, 0, rejected, len(records))
+        eager = _run(fn, args, kwargs, eager_semantics_backend(options, scope), seed, grad_inputs)
     names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
     rows = [_compare_tensors(name, a, b) for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1])]
     return CompareReport(rows, scope, compiler, sites, rejected, len(records))

@@ -158,6 +158,30 @@ def test_compare_row_counts_differing_elements_and_relative_difference():
     assert CompareRow("t", True, 0, 4, 0.0, 0.0, 0.0) == _compare_tensors("t", a, a.clone())
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_compare_runs_both_sides_under_deterministic_algorithms_and_restores_the_mode(monkeypatch, deterministic):
+    """On CUDA a scatter_add combine adds with atomics, so two runs of one program differ
+    (seen on the H200); compare runs both sides in deterministic mode unless told not to,
+    and leaves the caller's mode as it was."""
+    from nvfp4_inductor import inspection
+
+    modes, run = [], inspection._run
+
+    def spy(*args, **kwargs):
+        modes.append((torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled()))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(inspection, "_run", spy)
+    torch.manual_seed(0)
+    mlp = nv.GroupedMLP(G, H, H)
+    x = torch.randn(48, H, dtype=torch.bfloat16, requires_grad=True)
+    report = nv.compare(mlp, x, torch.tensor([10, 0, 22, 16]), deterministic=deterministic, **FAST)
+    assert report.bitwise, str(report)
+    assert modes == [(deterministic, deterministic)] * 2
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 # ---------------------------------------------------------------------------------------
 # graph breaks: grouped, counted, with the fix where one is known
 
