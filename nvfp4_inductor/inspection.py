@@ -691,8 +691,8 @@ def _deterministic_algorithms(enabled: bool):
     the caller's mode after. On CUDA, ops that add with atomics (``scatter_add``,
     ``index_add``, a gather's or an indexing's backward) add in an order that changes from
     run to run: the same compiled program twice differs in some bits. warn_only: an op with
-    no deterministic kernel (CUDA's ``histc``, a router's counts) still runs, its warning
-    silenced here."""
+    no deterministic kernel (CUDA's ``histc``, a router's counts) still runs, and cuBLAS runs
+    without ``CUBLAS_WORKSPACE_CONFIG`` set; their warnings are silenced here."""
     if not enabled:
         yield
         return
@@ -701,6 +701,7 @@ def _deterministic_algorithms(enabled: bool):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+            warnings.filterwarnings("ignore", message="Deterministic behavior was enabled")
             yield
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
