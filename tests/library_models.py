@@ -177,8 +177,10 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
     """A two-layer CausalLM of ``family`` from its own config class (its text config too),
     with TINY_SIZES and TINY_MODEL (updated by `settings`) where the config has them, MLA's
     head_dim its rope dimension, one layer of each attention kind, and every MLP layer
-    sparse. Raises where the family needs more than that (a vision tower, per-layer
-    configs)."""
+    sparse. For a vision-language family that AutoModelForCausalLM does not take, its text
+    decoder alone: the CausalLM of its text config, or else the text model (whose output has
+    no logits: ``Logits`` takes its last hidden state). Raises where the family needs more
+    than that (per-layer configs, a vision tower with no text model of its own)."""
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -196,10 +198,18 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
         if isinstance(getattr(c, "layer_types", None), (list, tuple)) and c.layer_types:
             kinds = list(dict.fromkeys(c.layer_types))
             _set(c, "layer_types", (kinds * c.num_hidden_layers)[:c.num_hidden_layers])
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tf.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm", dtype=dtype)
+    builds = [(tf.AutoModelForCausalLM, config)]
+    if text is not None:
+        builds += [(tf.AutoModelForCausalLM, text), (tf.AutoModel, text)]
+    for i, (auto, c) in enumerate(builds):
+        torch.manual_seed(0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return auto.from_config(c, experts_implementation="grouped_mm", dtype=dtype)
+        except ValueError as e:  # "Unrecognized configuration class ... for this kind of AutoModel"
+            if "Unrecognized configuration class" not in str(e) or i == len(builds) - 1:
+                raise
 
 
 def experts_layers(model: torch.nn.Module) -> int:
@@ -209,14 +219,16 @@ def experts_layers(model: torch.nn.Module) -> int:
 
 
 class Logits(torch.nn.Module):
-    """``model(input_ids).logits`` as a module, so compare() sees the model's parameters."""
+    """``model(input_ids).logits`` as a module, so compare() sees the model's parameters (a
+    text model's last hidden state where its output has no logits)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, input_ids):
-        return self.model(input_ids=input_ids).logits
+        out = self.model(input_ids=input_ids)
+        return out.logits if "logits" in out else out.last_hidden_state
 
 
 def input_ids(seed=0, batch=2, length=8):

@@ -108,18 +108,21 @@ def test_whole_model_training_step(family):
     assert compared.bitwise and len(compared.rows) > 10, str(compared)
 
 
-# The families whose whole CausalLM any_tiny_causal_lm builds and runs (transformers 5.25.0:
-# 45 of the 71 families with grouped_mm experts; the others need settings of their own, a
-# vision tower or per-layer configs, and keep the experts-class tests above), three of them
-# with experts that compute another activation.
-WHOLE_MODELS = ("afmoe", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2", "deepseek_v3",
-                "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
+# The families whose whole CausalLM (a vision-language family's text decoder) any_tiny_causal_lm
+# builds and runs (transformers 5.25.0: 54 of the 71 families with grouped_mm experts; the
+# others need settings of their own or per-layer configs, and keep the experts-class tests
+# above), eight of them with experts that compute another activation.
+WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2",
+                "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
                 "glm4_moe_lite", "glm_moe_dsa", "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe",
                 "hy_v3", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "mellum", "mimo_v2_flash",
-                "minicpm5_moe", "minimax", "minimax_m2", "mixtral", "nemotron_h", "olmoe", "phimoe", "qwen2_moe",
-                "qwen3_5_moe", "qwen3_moe", "qwen3_next", "solar_open", "zaya")
-OTHER_ACTIVATION = ("deepseek_v4", "gpt_oss", "hy_v4")
-SETTINGS = dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4"), {"num_key_value_heads": 2})  # their indexers
+                "minicpm5_moe", "minimax", "minimax_m2", "mistral_large4", "mixtral", "muse_spark", "nemotron_h",
+                "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "solar_open",
+                "zaya")
+OTHER_ACTIVATION = ("deepseek_v4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2", "inkling2_loop",
+                    "minimax_m3_vl")
+SETTINGS = dict.fromkeys(("axk2", "deepseek_v32", "glm5_next", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "mistral_large4"),
+                         {"num_key_value_heads": 2})  # their indexers
 
 
 @pytest.mark.parametrize("family", WHOLE_MODELS + OTHER_ACTIVATION)
@@ -143,12 +146,13 @@ def test_every_moe_layer_of_a_whole_model_is_rewritten_or_rejected(family):
         assert len(report.sites) == layers and report.rejected == [], str(report)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "nemotron_h", "qwen3_vl_moe"])
 def test_whole_model_of_another_design_is_bitwise(family):
-    """Whole models of three other designs, compared: DeepSeek-V3 (sigmoid group-limited
+    """Whole models of four other designs, compared: DeepSeek-V3 (sigmoid group-limited
     router, shared experts, MLA), Qwen3-Next (linear attention layers, a gated shared
-    expert) and Nemotron-H (Mamba layers, SReLU experts): every output and gradient
-    bitwise equal to the eager NVFP4 chain."""
+    expert), Nemotron-H (Mamba layers, SReLU experts) and Qwen3-VL-MoE's text decoder
+    (multimodal rotary sections): every output and gradient bitwise equal to the eager
+    NVFP4 chain."""
     model = lib.Logits(lib.any_tiny_causal_lm(family).train())
     compared = nv.compare(model, lib.input_ids(), compiler="aot_eager")
     assert compared.bitwise and compared.sites == lib.experts_layers(model), str(compared)
