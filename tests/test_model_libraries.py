@@ -109,20 +109,24 @@ def test_whole_model_training_step(family):
 
 
 # The families whose whole CausalLM (a vision-language family's text decoder) any_tiny_causal_lm
-# builds and runs (transformers 5.25.0: 54 of the 71 families with grouped_mm experts; the
+# builds and runs (transformers 5.25.0: 56 of the 71 families with grouped_mm experts; the
 # others need settings of their own or per-layer configs, and keep the experts-class tests
 # above), eight of them with experts that compute another activation.
-WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2",
-                "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
+WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2", "deepseek_v3",
+                "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
                 "glm4_moe_lite", "glm_moe_dsa", "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe",
-                "hy_v3", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "mellum", "mimo_v2_flash",
-                "minicpm5_moe", "minimax", "minimax_m2", "mistral_large4", "mixtral", "muse_spark", "nemotron_h",
-                "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "solar_open",
-                "zaya")
+                "hy_v3", "jamba", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "longcat_flash",
+                "mellum", "mimo_v2_flash", "minicpm5_moe", "minimax", "minimax_m2", "mistral_large4", "mixtral",
+                "muse_spark", "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                "qwen3_vl_moe", "solar_open", "zaya")
 OTHER_ACTIVATION = ("deepseek_v4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2", "inkling2_loop",
                     "minimax_m3_vl")
-SETTINGS = dict.fromkeys(("axk2", "deepseek_v32", "glm5_next", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "mistral_large4"),
-                         {"num_key_value_heads": 2})  # their indexers
+SETTINGS = {
+    **dict.fromkeys(("axk2", "deepseek_v32", "glm5_next", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "mistral_large4"),
+                    {"num_key_value_heads": 2}),  # their indexers
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0),
+    "longcat_flash": dict(num_layers=2, qk_head_dim=16),  # its own layer count; MLA's q head: nope + rope
+}
 
 
 @pytest.mark.parametrize("family", WHOLE_MODELS + OTHER_ACTIVATION)
