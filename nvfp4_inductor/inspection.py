@@ -730,6 +730,8 @@ def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: boo
     otherwise make two runs of one program differ."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be a bool; got {deterministic!r}")
     options = _options(recipe, recompute, compiler)
     grad_inputs = _grad_inputs(fn, args, kwargs)
     records = _PerGraph()

@@ -180,6 +180,8 @@ def test_compare_runs_both_sides_under_deterministic_algorithms_and_restores_the
     assert report.bitwise, str(report)
     assert modes == [(deterministic, deterministic)] * 2
     assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(ValueError, match="^deterministic must be a bool"):
+        nv.compare(mlp, x, torch.tensor([10, 0, 22, 16]), deterministic="yes", **FAST)
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,13 +63,13 @@ class _PackageVersion(CustomGraphPass):
 
 
 class _RecomputeEmptyPlaceholders(CustomGraphPass):
-    """A joint-graph pass (before the min-cut partition, either compiler) that marks every empty tensor made from
-    nothing -- the zero-size stand-ins our op bodies pass for a kernel's unused operands
-    and outputs -- to be made again where the backward uses it. Saving a zero-size
-    tensor costs the partitioner's min-cut nothing, so it kept the backward's stand-ins
-    (made from saved tensors, not from the gradient) in the forward and saved them: a
-    dozen more allocations, saved tensors and backward arguments a step, host time for
-    nothing. ``then``: the joint pre-pass the user's Inductor config had, run after this one."""
+    """A joint-graph pass (before the min-cut partition, under either compiler) that marks
+    every empty tensor made from nothing -- the zero-size stand-ins our op bodies pass for a
+    kernel's unused operands and outputs -- to be made again where the backward uses it.
+    Saving a zero-size tensor costs the partitioner's min-cut nothing, so it kept the
+    backward's stand-ins (made from saved tensors, not from the gradient) in the forward and
+    saved them: a dozen more allocations, saved tensors and backward arguments a step, host
+    time for nothing. ``then``: the joint pre-pass the user's Inductor config had, run after this one."""
 
     def __init__(self, then=None):
         self.then = then
