@@ -173,13 +173,15 @@ def test_whole_model_eval(family):
 
 
 def test_gradient_checkpointing():
-    """``model.gradient_checkpointing_enable()``: each decoder layer runs under
+    """``model.activation_checkpointing_enable()`` (``gradient_checkpointing_enable()``, its
+    deprecated name, where the installed transformers lacks it): each decoder layer runs under
     torch.utils.checkpoint, and the site is rewritten inside the checkpointed region. Where
     the layer changes Python state outside it (transformers' hub-kernel decorators set a
     context variable), Dynamo leaves the region out of the graph: explain lists that break
     with the fix, and with the fix the site is rewritten, bitwise the eager NVFP4 chain."""
     model = lib.tiny_causal_lm("qwen3_moe").train()
-    model.gradient_checkpointing_enable()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
     model.config.use_cache = False  # else a warning is logged at every step: a graph break
     model, ids = lib.Logits(model), lib.input_ids()
     report = nv.explain(model, ids)
