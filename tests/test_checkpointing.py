@@ -115,16 +115,13 @@ def test_checkpointed_site_compiled_equal_eager_chain():
 def test_checkpointing_on_a_gpu_recomputes_the_traced_launches():
     """On CUDA with Inductor the fused ops are traced as their kernel launches
     (lowerings/inline.py); under checkpointing AOTAutograd tags those for recomputation too.
-    Deterministic algorithms: on CUDA the block's scatter_add and its gather's backward add
-    with atomics, in an order that changes from run to run (the same compiled step twice
-    differed in about 6% of the output's elements on the H200). warn_only: histc (the
-    router's counts) has no deterministic kernel, and counts whole numbers exactly anyway."""
-    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    Run in compare's deterministic mode: on CUDA the block's scatter_add and its gather's
+    backward add with atomics, in an order that changes from run to run (the same compiled
+    step twice differed in about 6% of the output's elements on the H200)."""
+    from nvfp4_inductor.inspection import _deterministic_algorithms
+
+    with _deterministic_algorithms(True):
         _check_checkpointing("full", "inductor", device="cuda")
-    finally:
-        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 def test_explain_names_the_checkpointed_region():
