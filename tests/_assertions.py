@@ -10,16 +10,19 @@ to the CPU only to build the failure message.
     assert_nvfp4_equal(a, b, label)                  every field of two NVFP4Tensor /
                                                      NVFP4GroupedTensor (None must match None)
     count_differing_bytes(actual, expected) -> (n_differ, n_total)
+    with dtypes_kept_for_backward() as kept: ...   the dtypes autograd saved inside the block
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["as_bytes", "count_differing_bytes", "assert_bytes_equal", "assert_nvfp4_equal"]
+__all__ = ["as_bytes", "count_differing_bytes", "assert_bytes_equal", "assert_nvfp4_equal",
+           "dtypes_kept_for_backward"]
 
 _MAX_REPORTED = 8  # differing positions listed in a failure message
 
@@ -117,3 +120,19 @@ def assert_nvfp4_equal(actual, expected, label: str, *, fields: Optional[list[st
             problems.append(str(err))
     if problems:
         raise AssertionError("\n".join(problems))
+
+
+@contextlib.contextmanager
+def dtypes_kept_for_backward() -> Iterator[list]:
+    """Yields a list that gets the dtype of every tensor autograd saves for backward inside
+    the block. Zero-size tensors are not counted: they hold nothing (the min-cut partition
+    may save a fused op's empty stand-in output rather than make it again)."""
+    kept = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.numel():
+            kept.append(t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield kept

@@ -70,7 +70,7 @@ import torch.nn as nn
 import nvfp4_inductor as nv
 from nvfp4_inductor.numerics import draw_seed
 
-from _assertions import assert_bytes_equal
+from _assertions import assert_bytes_equal, dtypes_kept_for_backward
 
 # The expert-parallel layer users are shown (examples/distributed_moe.py) is the one tested.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
@@ -271,9 +271,7 @@ def _fsdp2(ctx: Context, *, mixed_precision: bool, compile_what: str, compiler: 
     target = model.moe if compile_what == "block" else model.moe.experts
     target.compile(backend=nv.backend(recipe=recipe, compiler=compiler))  # after fully_shard
     torch.manual_seed(STEP_SEED)  # every rank alike: with sr_per_rank=False, the reference's seeds
-    kept = []
-    # (zero-size tensors hold nothing: the min-cut partition may save a fused op's empty stand-in output)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: (t.numel() and kept.append(t.dtype)) or t, lambda t: t):
+    with dtypes_kept_for_backward() as kept:
         loss = _loss(model, tokens(ctx.rank, ctx.device)[0])
     loss.backward()
     assert sites_rewritten() == 1, f"{sites_rewritten()} sites rewritten, expected 1"

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import moe_models as mm
 import nvfp4_inductor as nv
-from _assertions import assert_bytes_equal
+from _assertions import assert_bytes_equal, dtypes_kept_for_backward
 
 PACKED = (torch.uint8, torch.float8_e4m3fn)  # what the block's NVFP4 copies are made of
 
@@ -53,26 +53,17 @@ class Block(torch.nn.Module):
 
 def _step(how, compiler: str, seed: int = 0, device: str = "cpu"):
     """One compiled step: (output, gradients of x and every parameter, dtypes of the
-    tensors the step kept for backward, sites rewritten). Zero-size tensors are not
-    counted: they hold nothing (the min-cut partition may save a fused op's empty stand-in
-    output rather than make it again)."""
+    tensors the step kept for backward (``dtypes_kept_for_backward``), sites rewritten)."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     block = Block(how).to(device)
     x = block.moe.inputs(seed)[0].to(device).requires_grad_()
-    kept = []
-
-    def pack(t):
-        if t.numel():
-            kept.append(t.dtype)
-        return t
-
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(block, backend=nv.backend(compiler=compiler))
     torch.manual_seed(1)  # the backward's stochastic-rounding seeds
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with dtypes_kept_for_backward() as kept:
         y = compiled(x)
     y.float().square().mean().backward()
     grads = [x.grad] + [p.grad for p in block.parameters()]
