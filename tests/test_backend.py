@@ -685,6 +685,36 @@ def test_zero_size_stand_ins_are_made_in_the_backward_not_saved(ours):
     assert torch.equal(x.grad, w.detach().expand(4, 8)) and torch.equal(w.grad, x.detach().sum(0))
 
 
+@pytest.mark.parametrize("user_uuid", [b"user", None])
+def test_a_post_grad_pass_the_user_configured_still_runs(user_uuid):
+    """Our post-grad pass (this package's version in Inductor's cache keys) takes Inductor's
+    one ``post_grad_custom_post_pass`` slot; the user's pass there runs after it (before, it
+    was dropped), and Inductor's caches key on both (or bypass, where the user's pass has no uuid)."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from nvfp4_inductor.compiler.backend import inductor_patches
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    class UserPass(CustomGraphPass):
+        graphs = []
+
+        def __call__(self, graph):
+            UserPass.graphs.append(graph)
+
+        def uuid(self):
+            return user_uuid
+
+    graph = torch.fx.Graph()
+    graph.output(())
+    with config.patch(post_grad_custom_post_pass=UserPass()):
+        ours = inductor_patches(None, BackendOptions.parse({}))["post_grad_custom_post_pass"]
+    ours(graph)
+    assert UserPass.graphs == [graph]
+    assert (ours.uuid() is None) == (user_uuid is None)
+    assert user_uuid is None or b"user" in ours.uuid()
+
+
 def test_cpp_wrapper_gives_way_to_the_python_wrapper_where_launches_are_traced(use_steps):
     """Inductor's C++ wrapper gives a traced launch one program's Triton global scratch
     (run I3 on the H200: an illegal memory access in our TMA GEMMs). A user who set it gets

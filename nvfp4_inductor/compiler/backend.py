@@ -51,30 +51,49 @@ class CompiledGraphRecord:
     regions: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
 
 
-class _PackageVersion(CustomGraphPass):
-    """A no-op post-grad pass whose uuid hashes this package's sources, so Inductor's and
-    AOTAutograd's caches miss when our code changes (else they serve artifacts built by older code)."""
+class _ChainedPass(CustomGraphPass):
+    """A graph pass of ours, then ``then``: the pass the user's Inductor config had in the
+    same slot (one or several; newer torch takes a list). Its uuid holds this package's
+    sources' hash, so Inductor's and AOTAutograd's caches miss when our code changes (else
+    they serve artifacts built by older code)."""
+
+    def __init__(self, then=None):
+        self.then = then
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        self.run(graph)
+        for then in self._then():
+            then(graph)
+
+    def run(self, graph: torch.fx.Graph) -> None:
+        raise NotImplementedError
+
+    def _then(self) -> tuple:
+        return () if self.then is None else tuple(self.then) if isinstance(self.then, (list, tuple)) else (self.then,)
+
+    def uuid(self) -> Optional[bytes]:
+        # None where a pass it runs has no uuid: Inductor's caches then bypass, as for that pass alone
+        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in self._then()]
+        return None if None in then else _package_hash() + type(self).__name__.encode() + repr(then).encode()
+
+
+class _PackageVersion(_ChainedPass):
+    """The post-grad pass: nothing of ours but the uuid (``_ChainedPass``), then the user's."""
+
+    def run(self, graph: torch.fx.Graph) -> None:
         return None
 
-    def uuid(self) -> bytes:
-        return _package_hash()
 
-
-class _RecomputeEmptyPlaceholders(CustomGraphPass):
+class _RecomputeEmptyPlaceholders(_ChainedPass):
     """A joint-graph pass (before the min-cut partition, under either compiler) that marks
     every empty tensor made from nothing -- the zero-size stand-ins our op bodies pass for a
     kernel's unused operands and outputs -- to be made again where the backward uses it.
     Saving a zero-size tensor costs the partitioner's min-cut nothing, so it kept the
     backward's stand-ins (made from saved tensors, not from the gradient) in the forward and
     saved them: a dozen more allocations, saved tensors and backward arguments a step, host
-    time for nothing. ``then``: the joint pre-pass the user's Inductor config had, run after this one."""
+    time for nothing."""
 
-    def __init__(self, then=None):
-        self.then = then
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def run(self, graph: torch.fx.Graph) -> None:
         from torch.utils.checkpoint import CheckpointPolicy
 
         for node in graph.nodes:
@@ -83,17 +102,6 @@ class _RecomputeEmptyPlaceholders(CustomGraphPass):
                     and statically_known_true(value.numel() == 0)
                     and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())):
                 node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-        for then in self._then():
-            then(graph)
-
-    def _then(self) -> tuple:
-        # one pass or several (newer torch takes a list)
-        return () if self.then is None else tuple(self.then) if isinstance(self.then, (list, tuple)) else (self.then,)
-
-    def uuid(self) -> Optional[bytes]:
-        # None where a pass it runs has no uuid: Inductor's caches then bypass, as for that pass alone
-        then = [p.uuid() if isinstance(p, CustomGraphPass) else None for p in self._then()]
-        return None if None in then else _package_hash() + repr(then).encode()
 
 
 @functools.cache
@@ -278,9 +286,10 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     it; the Python wrapper where the graph's fused ops are `traced` as launches and the
     user set Inductor's C++ wrapper (``CPP_WRAPPER_REFUSED`` says why; seen on the H200 with
     torch 2.11, benchmarks/NOTES.md runs I2-I3, and 2.13's wrapper sizes the scratch the same
-    way); this package's hash in Inductor's cache keys (``_PackageVersion``); zero-size
+    way); this package's hash in Inductor's cache keys (``_ChainedPass``); zero-size
     stand-in tensors made again in the backward, not saved
-    (``_RecomputeEmptyPlaceholders``); and the site call marked cacheable. AOTAutograd's
+    (``_RecomputeEmptyPlaceholders``); the user's own joint and post-grad passes run after
+    ours; and the site call marked cacheable. AOTAutograd's
     cache takes a graph only if it trusts every function the graph calls;
     ``fused_grouped_mlp`` computes from its arguments (the site's options are constants in
     the graph's code) and this package's code, and it is traced as launches or as whole
@@ -293,7 +302,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     if traced and config.cpp_wrapper:
         warnings.warn(CPP_WRAPPER_REFUSED, stacklevel=2)
         patches["cpp_wrapper"] = False
-    patches["post_grad_custom_post_pass"] = _PackageVersion()
+    patches["post_grad_custom_post_pass"] = _PackageVersion(then=config.post_grad_custom_post_pass)
     patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
     patches["unsafe_marked_cacheable_functions"] = {
         **config.unsafe_marked_cacheable_functions,
