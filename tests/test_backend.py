@@ -687,7 +687,7 @@ def test_zero_size_stand_ins_are_made_in_the_backward_not_saved(ours):
 
 @pytest.mark.parametrize("user_uuid", [b"user", None])
 def test_a_post_grad_pass_the_user_configured_still_runs(user_uuid):
-    """Our post-grad pass (this package's version in Inductor's cache keys) takes Inductor's
+    """Our post-grad pass (each checkpointed site's recompute moved before its backward) takes Inductor's
     one ``post_grad_custom_post_pass`` slot; the user's pass there runs after it (before, it
     was dropped), and Inductor's caches key on both (or bypass, where the user's pass has no uuid)."""
     from torch._inductor import config

@@ -32,6 +32,7 @@ from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
+from .recompute_order import hoist_site_recompute
 from .rewrite import find_sites, graph_modules, rewrite_sites, unreached_sites
 from .site import Rejection, Site
 
@@ -77,11 +78,12 @@ class _ChainedPass(CustomGraphPass):
         return None if None in then else _package_hash() + type(self).__name__.encode() + repr(then).encode()
 
 
-class _PackageVersion(_ChainedPass):
-    """The post-grad pass: nothing of ours but the uuid (``_ChainedPass``), then the user's."""
+class _HoistSiteRecompute(_ChainedPass):
+    """The post-grad pass: each checkpointed site's recompute before its backward
+    (``recompute_order.hoist_site_recompute``; a no-op on other graphs), then the user's."""
 
     def run(self, graph: torch.fx.Graph) -> None:
-        return None
+        hoist_site_recompute(graph)
 
 
 class _RecomputeEmptyPlaceholders(_ChainedPass):
@@ -255,8 +257,8 @@ def _aot_eager(gm, example_inputs):
     traced launches are ``wrap_triton`` calls, which set no Triton allocator, and the
     backward runs on autograd's thread, where the one set while tracing does not reach.
 
-    The partition is Inductor's min-cut with our joint pre-pass, so a checkpointed region
-    is recomputed as under "inductor". (AOTAutograd's default partitioner in torch 2.11
+    The partition is Inductor's min-cut with our joint pre-pass, and each site's recompute
+    is moved before its backward, so a checkpointed region is recomputed as under "inductor". (AOTAutograd's default partitioner in torch 2.11
     refuses a checkpointed graph that holds a device-side assert, as our group-size
     check is on a GPU.)"""
     from torch._dynamo.backends.common import aot_autograd
@@ -264,6 +266,8 @@ def _aot_eager(gm, example_inputs):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def compiler(fx_g, inputs):
+        if hoist_site_recompute(fx_g.graph):  # as Inductor's post-grad pass does (``_HoistSiteRecompute``)
+            fx_g.recompile()
         run = boxed_nop(fx_g, inputs)
 
         def call(args):
@@ -288,7 +292,8 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     torch 2.11, benchmarks/NOTES.md runs I2-I3, and 2.13's wrapper sizes the scratch the same
     way); this package's hash in Inductor's cache keys (``_ChainedPass``); zero-size
     stand-in tensors made again in the backward, not saved
-    (``_RecomputeEmptyPlaceholders``); the user's own joint and post-grad passes run after
+    (``_RecomputeEmptyPlaceholders``); each checkpointed site's recompute run before its
+    backward (``_HoistSiteRecompute``); the user's own joint and post-grad passes run after
     ours; and the site call marked cacheable. AOTAutograd's
     cache takes a graph only if it trusts every function the graph calls;
     ``fused_grouped_mlp`` computes from its arguments (the site's options are constants in
@@ -302,7 +307,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     if traced and config.cpp_wrapper:
         warnings.warn(CPP_WRAPPER_REFUSED, stacklevel=2)
         patches["cpp_wrapper"] = False
-    patches["post_grad_custom_post_pass"] = _PackageVersion(then=config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = _HoistSiteRecompute(then=config.post_grad_custom_post_pass)
     patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
     patches["unsafe_marked_cacheable_functions"] = {
         **config.unsafe_marked_cacheable_functions,
