@@ -177,45 +177,84 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
     """A two-layer CausalLM of ``family`` from its own config class (its text config too),
     with TINY_SIZES and TINY_MODEL (updated by `settings`) where the config has them, MLA's
     head_dim its rope dimension, one layer of each attention kind, and every MLP layer
-    sparse. For a vision-language family that AutoModelForCausalLM does not take, its text
-    decoder alone: the CausalLM of its text config, or else the text model (whose output has
-    no logits: ``Logits`` takes its last hidden state). Raises where the family needs more
-    than that (per-layer configs, a vision tower with no text model of its own)."""
+    sparse. Built by AutoModelForCausalLM; for a vision-language family it does not take, its
+    text decoder alone: the CausalLM of its text config, or else the text model (whose output
+    has no logits: ``Logits`` takes its last hidden state); else by the family's own class
+    for the text config, then for the config (``_own_class``).
+    Raises where the family needs more than that (per-layer configs, a vision tower with no
+    text model of its own)."""
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[family]()
-    text = getattr(config, "text_config", None)
+    text = config.get_text_config(decoder=True)  # a vision-language family's decoder (Qwen3-Omni's: its thinker's)
+    text = None if text is config else text
     for c in [config] + ([text] if text is not None else []):
         _shrink(c)
         for key, value in {**TINY_MODEL, **settings}.items():
             if hasattr(c, key):
                 _set(c, key, value)
-        if getattr(c, "qk_rope_head_dim", None) and hasattr(c, "head_dim"):
+        if getattr(c, "qk_rope_head_dim", None) and hasattr(c, "head_dim") and "head_dim" not in settings:
             _set(c, "head_dim", c.qk_rope_head_dim)
         if isinstance(getattr(c, "mlp_layer_types", None), (list, tuple)):
             _set(c, "mlp_layer_types", ["sparse"] * c.num_hidden_layers)
         if isinstance(getattr(c, "layer_types", None), (list, tuple)) and c.layer_types:
             kinds = list(dict.fromkeys(c.layer_types))
             _set(c, "layer_types", (kinds * c.num_hidden_layers)[:c.num_hidden_layers])
-    builds = [(tf.AutoModelForCausalLM, config)]
+    def own(c, **kwargs):
+        return _own_class(family, c)._from_config(c, **kwargs)
+
+    builds = [(tf.AutoModelForCausalLM.from_config, config)]
     if text is not None:
-        builds += [(tf.AutoModelForCausalLM, text), (tf.AutoModel, text)]
-    for i, (auto, c) in enumerate(builds):
+        builds += [(tf.AutoModelForCausalLM.from_config, text), (tf.AutoModel.from_config, text), (own, text)]
+    builds.append((own, config))
+    for i, (build, c) in enumerate(builds):
         torch.manual_seed(0)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return auto.from_config(c, experts_implementation="grouped_mm", dtype=dtype)
-        except ValueError as e:  # "Unrecognized configuration class ... for this kind of AutoModel"
-            if "Unrecognized configuration class" not in str(e) or i == len(builds) - 1:
+                return build(c, experts_implementation="grouped_mm", dtype=dtype)
+        except ValueError as e:  # "Unrecognized configuration class ...", or no class of the family's own
+            if not str(e).startswith(("Unrecognized configuration class", "no model class")) or i == len(builds) - 1:
                 raise
+
+
+def _own_class(family: str, config):
+    """The family's own class for `config` where no Auto class takes it (transformers leaves
+    some families' CausalLM, and vision-language families' text models, out of the Auto
+    mappings): its CausalLM, else its text model, else its model."""
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    classes = [cls for cls in vars(module).values() if isinstance(cls, type) and "PreTrained" not in cls.__name__
+               and getattr(cls, "config_class", None) is type(config)]
+    for suffix in ("ForCausalLM", "TextModel", "Model"):
+        for cls in classes:
+            if cls.__name__.endswith(suffix):
+                return cls
+    raise ValueError(f"no model class of {family} takes {type(config).__name__}")
 
 
 def experts_layers(model: torch.nn.Module) -> int:
     """How many of the model's modules are transformers experts classes."""
     classes = tuple(case.experts for case in transformers_experts())
     return sum(isinstance(m, classes) for m in model.modules())
+
+
+def experts_called(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
+    """How many of the model's experts modules one forward on `input_ids` calls (a
+    vision-language decoder's vision experts run only on image tokens)."""
+    classes = tuple(case.experts for case in transformers_experts())
+    called = set()
+    hooks = [m.register_forward_hook(lambda m, args, out: called.add(m)) for m in model.modules()
+             if isinstance(m, classes)]
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return len(called)
 
 
 class Logits(torch.nn.Module):

@@ -109,23 +109,35 @@ def test_whole_model_training_step(family):
 
 
 # The families whose whole CausalLM (a vision-language family's text decoder) any_tiny_causal_lm
-# builds and runs (transformers 5.25.0: 56 of the 71 families with grouped_mm experts; the
-# others need settings of their own or per-layer configs, and keep the experts-class tests
-# above), eight of them with experts that compute another activation.
-WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_v2", "deepseek_v3",
-                "deepseek_v32", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint", "glm4_moe",
-                "glm4_moe_lite", "glm_moe_dsa", "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe",
-                "hy_v3", "jamba", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "longcat_flash",
-                "mellum", "mimo_v2_flash", "minicpm5_moe", "minimax", "minimax_m2", "mistral_large4", "mixtral",
-                "muse_spark", "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                "qwen3_vl_moe", "solar_open", "zaya")
+# builds and runs (transformers 5.25.0: 67 of the 71 families with grouped_mm experts; the
+# others need per-layer configs, and keep the experts-class tests above), nine of them with
+# experts that compute another activation.
+WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_ocr2", "deepseek_v2",
+                "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "ernie4_5_vl_moe", "exaone_moe", "flex_olmo",
+                "flint", "glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa", "granitemoe", "granitemoe_swa",
+                "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "jamba", "kimi_linear", "kolibri1",
+                "kolibri1_1", "laguna", "lara_mini", "lfm2_moe", "longcat_flash", "mellum", "mimo_v2_flash",
+                "minicpm5_moe", "minimax", "minimax_m2", "mistral4", "mistral_large4", "mixtral", "muse_spark",
+                "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                "qwen3_omni_moe", "qwen3_vl_moe", "qwen4_exp", "solar_open", "step3p7", "unlimited_ocr", "zaya")
 OTHER_ACTIVATION = ("deepseek_v4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2", "inkling2_loop",
-                    "minimax_m3_vl")
+                    "minimax_m3_vl", "openai_privacy_filter")
+_MROPE = dict(rope_type="default", rope_theta=10000.0)  # multimodal rotary sections that fit head_dim 16
 SETTINGS = {
     **dict.fromkeys(("axk2", "deepseek_v32", "glm5_next", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "mistral_large4"),
                     {"num_key_value_heads": 2}),  # their indexers
+    "deepseek_ocr2": dict(mlp_layer_types=["sparse", "sparse"]),  # its default is None, not a list
+    "ernie4_5_vl_moe": dict(rope_parameters=dict(_MROPE, mrope_section=[3, 3, 2])),
+    "glm4v_moe": dict(rope_parameters=dict(_MROPE, partial_rotary_factor=0.5, mrope_section=[2, 1, 1])),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=16),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0),
+    "lfm2_moe": dict(num_dense_layers=0, layer_types=["full_attention", "conv"]),
     "longcat_flash": dict(num_layers=2, qk_head_dim=16),  # its own layer count; MLA's q head: nope + rope
+    "mistral4": dict(head_dim=16, qk_head_dim=16),  # MLA with half the head rotated: head_dim twice the rope's
+    "qwen4_exp": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                      indexer_compress_ratio=4, linear_num_key_heads=2, linear_num_value_heads=2,
+                      linear_key_head_dim=16, linear_value_head_dim=16),
+    "step3p7": dict(sliding_window=8),
 }
 
 
@@ -133,14 +145,14 @@ SETTINGS = {
 def test_every_moe_layer_of_a_whole_model_is_rewritten_or_rejected(family):
     """Whole two-layer models of every family the generic tiny config fits (their routers,
     shared experts, attention kinds as the family has them): explain finds one site per
-    MoE layer, or, where the experts compute another activation, one rejection with the
-    activation found; never a layer left unreported."""
+    MoE layer the forward runs, or, where the experts compute another activation, one
+    rejection with the activation found; never a layer left unreported."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if family not in CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no {family}")
     model = lib.any_tiny_causal_lm(family, **SETTINGS.get(family, {})).train()
-    layers = lib.experts_layers(model)
+    layers = lib.experts_called(model, lib.input_ids())
     report = nv.explain(lib.Logits(model), lib.input_ids())
     assert layers >= 1, "no experts layer built"  # 1 where the family's first layer stays dense
     if family in OTHER_ACTIVATION:
