@@ -112,13 +112,13 @@ def test_whole_model_training_step(family):
 # builds and runs (transformers 5.25.0: 67 of the 71 families with grouped_mm experts; the
 # others need per-layer configs, and keep the experts-class tests above), nine of them with
 # experts that compute another activation.
-WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_ocr2", "deepseek_v2",
-                "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "ernie4_5_vl_moe", "exaone_moe", "flex_olmo",
-                "flint", "glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa", "granitemoe", "granitemoe_swa",
-                "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "jamba", "kimi_linear", "kolibri1",
-                "kolibri1_1", "laguna", "lara_mini", "lfm2_moe", "longcat_flash", "mellum", "mimo_v2_flash",
-                "minicpm5_moe", "minimax", "minimax_m2", "mistral4", "mistral_large4", "mixtral", "muse_spark",
-                "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_ocr2",
+                "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "ernie4_5_vl_moe", "exaone_moe",
+                "flex_olmo", "flint", "glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa", "granitemoe",
+                "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "jamba",
+                "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "lfm2_moe", "longcat_flash", "mellum",
+                "mimo_v2_flash", "minicpm5_moe", "minimax", "minimax_m2", "mistral4", "mistral_large4", "mixtral",
+                "muse_spark", "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
                 "qwen3_omni_moe", "qwen3_vl_moe", "qwen4_exp", "solar_open", "step3p7", "unlimited_ocr", "zaya")
 OTHER_ACTIVATION = ("deepseek_v4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2", "inkling2_loop",
                     "minimax_m3_vl", "openai_privacy_filter")

@@ -258,9 +258,9 @@ def _aot_eager(gm, example_inputs):
     backward runs on autograd's thread, where the one set while tracing does not reach.
 
     The partition is Inductor's min-cut with our joint pre-pass, and each site's recompute
-    is moved before its backward, so a checkpointed region is recomputed as under "inductor". (AOTAutograd's default partitioner in torch 2.11
-    refuses a checkpointed graph that holds a device-side assert, as our group-size
-    check is on a GPU.)"""
+    is moved before its backward, so a checkpointed region is recomputed as under
+    "inductor". (AOTAutograd's default partitioner in torch 2.11 refuses a checkpointed
+    graph that holds a device-side assert, as our group-size check is on a GPU.)"""
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
     from torch._functorch.partitioners import min_cut_rematerialization_partition

@@ -9,7 +9,8 @@ S4): those copies, 640 MiB at S4, were alive through the whole fc1 recompute, wi
 W1's bf16 copies. A checkpointed step's peak was 1.46-1.54x BF16's on the H200, against
 1.14-1.19x unchecked (benchmarks/NOTES.md, thirty-first session). Measured on
 benchmarks/checkpoint_memory.py's CPU model, moving the recompute lowers the checkpointed
-backward's peak by 534 MiB (S4 srelu) to 606 MiB (S4 swiglu), 51-61 MiB at S1.
+backward's peak by 342 MiB (S4 srelu) and 447 MiB (S4 swiglu), 11%; 13-15% at S3; little or
+nothing at S1 and S2, where the peak is elsewhere (benchmarks/NOTES.md, thirty-second session).
 
 ``hoist_site_recompute`` moves the recomputed nodes that feed each site's backward to just
 before that backward's first node, its stochastic-rounding seed draw
