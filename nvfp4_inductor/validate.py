@@ -97,6 +97,12 @@ def check_group_sizes_values(group_sizes: torch.Tensor, tokens: int) -> None:
         if total != tokens:
             raise ValueError(f"group_sizes must sum to the number of rows of x ({tokens}); they sum to {total}")
         return
+    assert_group_sizes_on_device(group_sizes, tokens)
+
+
+def assert_group_sizes_on_device(group_sizes: torch.Tensor, tokens: int) -> None:
+    """``check_group_sizes_values`` on a GPU: device-side asserts, which a compiled graph
+    holds as ops (they read no value on the host, so they can be traced)."""
     torch._assert_async((group_sizes >= 0).all(), "group_sizes must be non-negative")
     torch._assert_async(group_sizes.sum() == tokens, "group_sizes must sum to the number of rows of x")
 
