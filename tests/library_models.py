@@ -181,15 +181,19 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
     text decoder alone: the CausalLM of its text config, or else the text model (whose output
     has no logits: ``Logits`` takes its last hidden state); else by the family's own class
     for the text config, then for the config (``_own_class``).
-    Raises where the family needs more than that (per-layer configs, a vision tower with no
-    text model of its own)."""
+    A family that keeps sizes per layer gets its decoder's config made anew (``_remade``).
+    Raises where the family needs more than that (a vision tower with no text model of its own)."""
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[family]()
     text = config.get_text_config(decoder=True)  # a vision-language family's decoder (Qwen3-Omni's: its thinker's)
     text = None if text is config else text
+    if getattr(text or config, "per_layer_attributes", None):  # sizes kept per layer: its decoder made anew, small
+        config, text = _remade(text or config, settings), None
     for c in [config] + ([text] if text is not None else []):
+        if getattr(c, "per_layer_attributes", None):
+            continue
         _shrink(c)
         for key, value in {**TINY_MODEL, **settings}.items():
             if hasattr(c, key):
@@ -217,6 +221,21 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
         except ValueError as e:  # "Unrecognized configuration class ...", or no class of the family's own
             if not str(e).startswith(("Unrecognized configuration class", "no model class")) or i == len(builds) - 1:
                 raise
+
+
+def _remade(config, settings: dict):
+    """A config that keeps sizes per layer (its ``per_layer_attributes`` in ``per_layer_config``,
+    filled in from the global fields when the config is made, so setting one later reaches
+    no layer), made anew:
+    TINY_SIZES and TINY_MODEL where it has the field, one layer of each kind its default
+    has, every MLP layer sparse, then `settings` (a family's own, fields or not)."""
+    fields = getattr(type(config), "__dataclass_fields__", {})
+    layers = TINY_MODEL["num_hidden_layers"]
+    values = {key: value for key, value in {**TINY_SIZES, **TINY_MODEL}.items() if key in fields}
+    values["layer_types"] = (list(dict.fromkeys(config.layer_types)) * layers)[:layers]
+    if "mlp_layer_types" in fields:
+        values["mlp_layer_types"] = ["sparse"] * layers
+    return type(config)(**{**values, **settings})
 
 
 def _own_class(family: str, config):

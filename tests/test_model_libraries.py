@@ -109,24 +109,31 @@ def test_whole_model_training_step(family):
 
 
 # The families whose whole CausalLM (a vision-language family's text decoder) any_tiny_causal_lm
-# builds and runs (transformers 5.25.0: 67 of the 71 families with grouped_mm experts; the
-# others need per-layer configs, and keep the experts-class tests above), nine of them with
+# builds and runs (transformers 5.25.0: 70 of the 71 families with grouped_mm experts; inkling
+# has no config in the mapping and keeps the experts-class tests above), eleven of them with
 # experts that compute another activation.
 WHOLE_MODELS = ("afmoe", "aria", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "deepseek_ocr2",
-                "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "ernie4_5_vl_moe", "exaone_moe",
-                "flex_olmo", "flint", "glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa", "granitemoe",
-                "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "jamba",
-                "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "lfm2_moe", "longcat_flash", "mellum",
-                "mimo_v2_flash", "minicpm5_moe", "minimax", "minimax_m2", "mistral4", "mistral_large4", "mixtral",
-                "muse_spark", "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                "qwen3_omni_moe", "qwen3_vl_moe", "qwen4_exp", "solar_open", "step3p7", "unlimited_ocr", "zaya")
-OTHER_ACTIVATION = ("deepseek_v4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2", "inkling2_loop",
-                    "minimax_m3_vl", "openai_privacy_filter")
+                "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "dots3_note", "ernie4_5_moe", "ernie4_5_vl_moe",
+                "exaone_moe", "flex_olmo", "flint", "glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm_moe_dsa",
+                "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe", "hy_v3",
+                "jamba", "kimi_linear", "kolibri1", "kolibri1_1", "laguna", "lara_mini", "lfm2_moe", "longcat_flash",
+                "mellum", "mimo_v2_flash", "minicpm5_moe", "minimax", "minimax_m2", "mistral4", "mistral_large4",
+                "mixtral", "muse_spark", "nemotron_h", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe", "qwen3_moe",
+                "qwen3_next", "qwen3_omni_moe", "qwen3_vl_moe", "qwen4_exp", "solar_open", "step3p7", "unlimited_ocr",
+                "zaya")
+OTHER_ACTIVATION = ("deepseek_v4", "diffusion_gemma", "gemma4", "glm5_next", "gpt_oss", "hy_v4", "hy_v4_vl", "inkling2",
+                    "inkling2_loop", "minimax_m3_vl", "openai_privacy_filter")
 _MROPE = dict(rope_type="default", rope_theta=10000.0)  # multimodal rotary sections that fit head_dim 16
 SETTINGS = {
     **dict.fromkeys(("axk2", "deepseek_v32", "glm5_next", "glm_moe_dsa", "hy_v4", "hy_v4_vl", "mistral_large4"),
                     {"num_key_value_heads": 2}),  # their indexers
     "deepseek_ocr2": dict(mlp_layer_types=["sparse", "sparse"]),  # its default is None, not a list
+    # sizes kept per layer (the config made anew, library_models._remade): the kwargs that fill them in
+    **dict.fromkeys(("diffusion_gemma", "gemma4"), dict(global_head_dim=16, enable_moe_block=True, top_k_experts=2,
+                                                       hidden_size_per_layer_input=16, vocab_size_per_layer_input=64)),
+    "dots3_note": dict(num_key_value_heads=2, swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=16,
+                       swa_kv_lora_rank=16, swa_head_dim=16, swa_qk_nope_head_dim=12, swa_v_head_dim=16, index_topk=8,
+                       index_head_dim=16, index_n_heads=2, shared_experts_intermediate_size=32),
     "ernie4_5_vl_moe": dict(rope_parameters=dict(_MROPE, mrope_section=[3, 3, 2])),
     "glm4v_moe": dict(rope_parameters=dict(_MROPE, partial_rotary_factor=0.5, mrope_section=[2, 1, 1])),
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=16),
