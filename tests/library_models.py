@@ -205,6 +205,7 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
         if isinstance(getattr(c, "layer_types", None), (list, tuple)) and c.layer_types:
             kinds = list(dict.fromkeys(c.layer_types))
             _set(c, "layer_types", (kinds * c.num_hidden_layers)[:c.num_hidden_layers])
+
     def own(c, **kwargs):
         return _own_class(family, c)._from_config(c, **kwargs)
 
@@ -226,9 +227,9 @@ def any_tiny_causal_lm(family: str, dtype=torch.bfloat16, **settings):
 def _remade(config, settings: dict):
     """A config that keeps sizes per layer (its ``per_layer_attributes`` in ``per_layer_config``,
     filled in from the global fields when the config is made, so setting one later reaches
-    no layer), made anew:
-    TINY_SIZES and TINY_MODEL where it has the field, one layer of each kind its default
-    has, every MLP layer sparse, then `settings` (a family's own, fields or not)."""
+    no layer), made anew: TINY_SIZES and TINY_MODEL where it has the field, one layer of each
+    kind its default has, every MLP layer sparse, then `settings` (a family's own, fields or
+    not: the kwargs that fill its layers in)."""
     fields = getattr(type(config), "__dataclass_fields__", {})
     layers = TINY_MODEL["num_hidden_layers"]
     values = {key: value for key, value in {**TINY_SIZES, **TINY_MODEL}.items() if key in fields}
