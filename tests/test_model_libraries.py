@@ -169,14 +169,14 @@ def test_every_moe_layer_of_a_whole_model_is_rewritten_or_rejected(family):
         assert len(report.sites) == layers and report.rejected == [], str(report)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "nemotron_h", "qwen3_vl_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next", "nemotron_h", "qwen3_vl_moe", "lfm2_moe"])
 def test_whole_model_of_another_design_is_bitwise(family):
-    """Whole models of four other designs, compared: DeepSeek-V3 (sigmoid group-limited
+    """Whole models of five other designs, compared: DeepSeek-V3 (sigmoid group-limited
     router, shared experts, MLA), Qwen3-Next (linear attention layers, a gated shared
-    expert), Nemotron-H (Mamba layers, SReLU experts) and Qwen3-VL-MoE's text decoder
-    (multimodal rotary sections): every output and gradient bitwise equal to the eager
-    NVFP4 chain."""
-    model = lib.Logits(lib.any_tiny_causal_lm(family).train())
+    expert), Nemotron-H (Mamba layers, SReLU experts), Qwen3-VL-MoE's text decoder
+    (multimodal rotary sections) and LFM2-MoE (short-convolution layers, an expert bias in
+    the router): every output and gradient bitwise equal to the eager NVFP4 chain."""
+    model = lib.Logits(lib.any_tiny_causal_lm(family, **SETTINGS.get(family, {})).train())
     compared = nv.compare(model, lib.input_ids(), compiler="aot_eager")
     assert compared.bitwise and compared.sites == lib.experts_layers(model), str(compared)
 
