@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from host_overhead import stub_launches  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
+from host_overhead import stub_launches, triton_here  # noqa: E402  (sets TRITON_INTERPRET for CPU tensors)
 from memory_model import LiveBytes  # noqa: E402
 
 import torch  # noqa: E402
@@ -46,15 +46,6 @@ from nvfp4_inductor.validate import assert_group_sizes_on_device  # noqa: E402
 MiB = 2**20
 
 
-def inlined_triton_target() -> str:
-    """The Triton steps on CPU tensors, traced as their launches (``Target.inline``) as on a GPU."""
-    triton = lowerings.get_target("triton")
-    caps = triton.probe(torch.device("cpu"))
-    lowerings.register_target(lowerings.Target("triton_inlined", triton.steps, lambda device: caps,
-                                               inline=lambda: True))
-    return "triton_inlined"
-
-
 def partitioned_step(shape: str, activation: str, target: str):
     """The partitioned (forward, backward) graphs of one fully checkpointed step."""
     g, t, h, f, _ = SHAPES[shape]
@@ -66,9 +57,14 @@ def partitioned_step(shape: str, activation: str, target: str):
     graphs = {}
 
     def partition(joint, joint_inputs, **kwargs):
-        # the whole forward is one checkpointed region: what Dynamo's checkpoint tags carry
+        # the whole forward is one checkpointed region: what Dynamo's checkpoint tags carry,
+        # on every node that reads no tangent (the graph is in order: inputs come first)
+        backward = set()
         for node in joint.graph.nodes:
-            if node.op == "call_function" and not _reads_tangents(node):
+            if (node.op == "placeholder" and node.name.startswith("tangents")) or not backward.isdisjoint(
+                    node.all_input_nodes):
+                backward.add(node)
+            elif node.op == "call_function":
                 node.meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=1)
         _RecomputeEmptyPlaceholders()(joint.graph)
         graphs["fw"], graphs["bw"] = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
@@ -83,19 +79,6 @@ def partitioned_step(shape: str, activation: str, target: str):
                             partition_fn=partition)
         step(x, w1, w2, sizes, probs).sum().backward()
     return graphs["fw"], graphs["bw"]
-
-
-def _reads_tangents(node) -> bool:
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if n.op == "placeholder" and n.name.startswith("tangents"):
-            return True
-        for i in n.all_input_nodes:
-            if i not in seen:
-                seen.add(i)
-                stack.append(i)
-    return False
 
 
 def materialize(values) -> list:
@@ -156,7 +139,7 @@ def main() -> None:
     parser.add_argument("--activations", nargs="+", default=["srelu", "swiglu"], choices=["srelu", "swiglu"])
     args = parser.parse_args()
     stub_launches()
-    target = inlined_triton_target()
+    target = triton_here(inline=True)
     fused.check_group_sizes_values = assert_group_sizes_on_device  # a host tensor's values cannot be read in a trace
     print("| shape act | dY + saved MiB | backward peak MiB, partitioner's order | recompute moved | lower by |")
     print("|---|---|---|---|---|")

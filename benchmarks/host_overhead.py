@@ -46,15 +46,17 @@ def stub_launches() -> collections.Counter:
     return counts
 
 
-def triton_here() -> str:
+def triton_here(inline: bool = False) -> str:
     """Register, as the most preferred target, one that runs the Triton steps on every
     device (CPU tensors through the kernels' host code) with the Triton target's
-    capabilities, and return its name for the fused ops' plan arguments."""
+    capabilities, and return its name for the fused ops' plan arguments. `inline`: its
+    fused ops are traced as their launches (``Target.inline``), as the Triton target's on a GPU."""
     triton = lowerings.get_target("triton")
     caps = triton.probe(torch.device("cpu"))
-    if "triton_here" not in [t.name for t in lowerings.targets()]:
-        lowerings.register_target(lowerings.Target("triton_here", triton.steps, lambda device: caps))
-    return "triton_here"
+    name = "triton_here_inlined" if inline else "triton_here"
+    if name not in [t.name for t in lowerings.targets()]:
+        lowerings.register_target(lowerings.Target(name, triton.steps, lambda device: caps, inline=lambda: inline))
+    return name
 
 
 def fused_step(x, w1, w2, sizes, probs, dy, activation, clamp, recompute, target, *, backward=True):

@@ -40,3 +40,22 @@ def use_steps():
     yield use
     for name in added:
         lowerings.unregister_target(name)
+
+
+@pytest.fixture
+def replace_launches(monkeypatch):
+    """``replace_launches(make)``: for this test only, every kernel module's ``launch`` (the
+    one place a kernel of ours is launched) becomes ``make(launch)``: a recorder, a counter
+    around the real launch, or a stub (the allocations without the kernels)."""
+    import importlib
+    import pkgutil
+
+    from nvfp4_inductor import kernels
+
+    def replace(make):
+        for info in pkgutil.iter_modules(kernels.__path__):
+            module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+            if hasattr(module, "launch"):
+                monkeypatch.setattr(module, "launch", make(module.launch))
+
+    return replace

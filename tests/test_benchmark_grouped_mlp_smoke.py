@@ -7,10 +7,8 @@ of the other H200 benchmarks whose failure would waste device time (compile_time
 cast_sass.py, epilogue_sass.py, cast_tiles.py, model_step.py)."""
 
 import collections
-import importlib
 import math
 import os
-import pkgutil
 import sys
 
 import pytest
@@ -83,12 +81,11 @@ def test_graphs_need_inductor_and_cpu_skips_them(capsys):
 
 
 @pytest.mark.parametrize("activation", ["srelu", "swiglu"])
-def test_quant_bytes_equal_the_triton_launches(activation, use_steps, monkeypatch):
+def test_quant_bytes_equal_the_triton_launches(activation, use_steps, replace_launches):
     """gm.quant_bytes against the fused ops on the Triton steps with every fused kernel (the
     H200's plan), launches recorded instead of run: the bytes of each cast's source and the
     copies it writes (a row-only or column-only cast passes None for the other copy's pointers),
     of each amax pass's source, and of each dequantization's copy and bf16 output."""
-    import nvfp4_inductor.kernels as kernels
     from host_overhead import fused_step
     from nvfp4_inductor.lowerings.triton import STEPS as TRITON
 
@@ -105,10 +102,7 @@ def test_quant_bytes_equal_the_triton_launches(activation, use_steps, monkeypatc
             copies = [kw[k] for k in ("row_data_ptr", "row_scale_ptr", "col_data_ptr", "col_scale_ptr")]
             moved[name] += source.nbytes + sum(c.nbytes for c in copies if c is not None)
 
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        if hasattr(module, "launch"):
-            monkeypatch.setattr(module, "launch", record)
+    replace_launches(lambda launch: record)
     target = use_steps(TRITON, like="triton").name
     g, t, h, f, _ = gm.SHAPES["tiny"]
     f1 = 2 * f if activation == "swiglu" else f

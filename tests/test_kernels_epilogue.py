@@ -569,13 +569,11 @@ STEP_LAUNCHES_BACKWARD = {"_group_amax_kernel": 2, "_group_cast_kernel": 5, "_de
                           "_grouped_gemm_wgrad_bf16_kernel": 2, "_grouped_gemm_bf16_kernel": 1}
 
 
-def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
+def test_compiled_training_step_launch_counts(use_steps, replace_launches):
     """The Triton launches of one compiled step, forward and backward apart, counted at every
     kernel module's ``launch`` (each imports it by name) and run for real; the step after
     the one that compiles, so tracing's fake launches are not counted."""
     import collections
-    import importlib
-    import pkgutil
 
     from torch._dynamo.utils import counters
 
@@ -590,10 +588,7 @@ def test_compiled_training_step_launch_counts(use_steps, monkeypatch):
             real(kernel, grid, **kwargs)
         return launch
 
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        if hasattr(module, "launch"):
-            monkeypatch.setattr(module, "launch", counting(module.launch))
+    replace_launches(counting)
     use_steps(TRITON, like="triton")
     gen = torch.Generator().manual_seed(5)
     sizes, (t, h, f) = torch.tensor([3, 0, 17, 12]), (32, 16, 16)

@@ -178,23 +178,16 @@ def test_the_partition_alone_recomputes_fc1_after_the_first_bf16_copies(triton_l
     assert seeds < first_copy < fc1
 
 
-def test_the_cpu_memory_model_sees_the_move_lower_the_backward_peak(triton_launches_inlined, monkeypatch):
+def test_the_cpu_memory_model_sees_the_move_lower_the_backward_peak(triton_launches_inlined, replace_launches):
     """benchmarks/checkpoint_memory.py at the tiny shape (the figures for the real shapes are
     in benchmarks/NOTES.md): the kernels stubbed, the checkpointed backward's peak is lower
     with the recompute moved than in the partitioner's order."""
-    import importlib
     import os
-    import pkgutil
     import sys
-
-    from nvfp4_inductor import kernels
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import checkpoint_memory
 
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        if hasattr(module, "launch"):
-            monkeypatch.setattr(module, "launch", lambda kernel, grid, **kwargs: None)
+    replace_launches(lambda launch: lambda kernel, grid, **kwargs: None)
     kept, before, after = checkpoint_memory.peaks("tiny", "srelu", triton_launches_inlined)
     assert kept < after < before
