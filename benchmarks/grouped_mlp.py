@@ -42,7 +42,7 @@ Columns:
 
     python benchmarks/grouped_mlp.py [--shapes S1 S2 S3 S4] [--activations srelu swiglu]
         [--graphs off on] [--extra eager save-D fake-quant reuse checkpoint] [--profile] [--launches]
-        [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
+        [--peak-alive] [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
 fit ~8 minutes on a fresh H200 with Triton's cache cold (an estimate from runs E7, E8). Each
@@ -54,7 +54,11 @@ skipped (CUDA graphs need a GPU).
 
 --profile adds, per shape and activation, the GPU kernels of one compiled NVFP4 step
 (recompute on, graphs off) sorted by time; --launches the same step's kernels in launch
-order, each with its time (which cast costs what). --host-profile adds the same step's
+order, each with its time (which cast costs what). --peak-alive adds, for the BF16 and the
+NVFP4 row (graphs off), the blocks alive at one step's memory peak, largest first, each with
+the line that allocated it (in Inductor's generated code: the buffer and its shape), from
+the caching allocator's history of that step (``alive_at_peak``): what the peak column's
+excess is made of. --host-profile adds the same step's
 host-side Python functions by own time (cProfile). --host-sample attaches py-spy
 (``--native``) to this process while that step runs back to back: the samples by where they
 are (guard checks, Triton launches, allocations, Inductor's wrapper, AOTAutograd's and
@@ -74,6 +78,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import linecache
 import os
 import re
 import shutil
@@ -468,6 +473,56 @@ def launch_order(step, min_us=5.0):
     return format_table(["#", "kernel", "us"], [r for r in rows if float(r[2]) >= min_us])
 
 
+def alive_at_peak(snapshot: dict) -> tuple[int, list[dict]]:
+    """(peak bytes, the blocks alive there) of the allocations a memory-history snapshot
+    recorded (``torch.cuda.memory._snapshot()`` after ``_record_memory_history``): its alloc
+    and free events replayed in order, a block counted from its alloc until its free
+    completes. Blocks allocated before the recording began are not seen (the step's
+    inputs), as step_peak leaves them out too."""
+    live, current, peak, at_peak = {}, 0, 0, {}
+    for event in (e for trace in snapshot["device_traces"] for e in trace):
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+            current += event["size"]
+            if current > peak:
+                peak, at_peak = current, dict(live)
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            current -= live.pop(event["addr"])["size"]
+    return peak, sorted(at_peak.values(), key=lambda e: -e["size"])
+
+
+def allocated_by(frames: list[dict]) -> str:
+    """The line that allocated a block: the innermost frame in Inductor's generated code,
+    else in this package, else the innermost Python frame."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    def line(frame):
+        text = linecache.getline(frame["filename"], frame["line"]).strip()
+        return f"{os.path.basename(frame['filename'])}:{frame['line']} {text}"
+
+    for wanted in (cache_dir(), os.path.dirname(nv.__file__)):
+        for frame in frames:
+            if frame.get("filename", "").startswith(wanted):
+                return line(frame)
+    return line(frames[0]) if frames else "?"
+
+
+def peak_alive(step, min_mib=8) -> str:
+    """--peak-alive: one more step under the allocator's history; its peak and the blocks of
+    at least `min_mib` MiB alive there."""
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    try:
+        step()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    peak, blocks = alive_at_peak(snapshot)
+    rows = [[f"{b['size'] / 2**20:.0f}", allocated_by(b.get("frames", []))[:150]]
+            for b in blocks if b["size"] >= min_mib * 2**20]
+    return f"peak {peak / 2**20:.0f} MiB; alive there:\n" + format_table(["MiB", "allocated by"], rows)
+
+
 def _let_children_trace_us() -> None:
     """Under Yama ptrace_scope 1 (a common default) a process may trace only its descendants;
     py-spy is our child attaching to us, so allow it (prctl PR_SET_PTRACER_ANY). Where prctl
@@ -631,6 +686,10 @@ def run_case(shape, activation, opts, bytes_per_ms, clock):
                 row[-1] = kept_note(kept)
             clock(" | ".join(row))  # progress: a cut-off run still reports
             yield row
+            if name in (BASELINE, OURS) and not graphs and opts.peak_alive:
+                clock(f"{shape} {activation} {name}: " + (
+                    peak_alive(training_step(fn, args, grad)) if opts.device == "cuda"
+                    else "--peak-alive: the allocator's history needs CUDA; skipped"))
             if name == OURS and not graphs:
                 profile_ours(fn, args, grad, opts)
 
@@ -660,6 +719,8 @@ def parse_args(argv=None):
     parser.add_argument("--profile", action="store_true", help="print the kernel breakdown of compiled NVFP4")
     parser.add_argument("--launches", action="store_true",
                         help="print the GPU kernels of one compiled NVFP4 step in launch order")
+    parser.add_argument("--peak-alive", action="store_true",
+                        help="print the blocks alive at the memory peak of a BF16 and an NVFP4 step (graphs off)")
     parser.add_argument("--host-profile", action="store_true",
                         help="print where the host time of a compiled NVFP4 step goes (cProfile)")
     parser.add_argument("--host-sample", action="store_true",

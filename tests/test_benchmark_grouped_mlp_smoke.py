@@ -51,9 +51,11 @@ def test_main_on_cpu_gives_every_row_with_finite_numbers(capsys):
     assert out.rstrip().splitlines()[-len(rows) - 2].split() == " ".join(gm.HEADERS).split()  # the table, last
 
 
-def test_extra_rows_on_cpu():
+def test_extra_rows_on_cpu(capsys):
     rows = gm.main(["--device", "cpu", "--shapes", "tiny", "--compiler", "aot_eager", "--activations", "srelu",
-                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant", "reuse", "checkpoint"])
+                    "--graphs", "off", "--extra", "eager", "save-D", "fake-quant", "reuse", "checkpoint",
+                    "--peak-alive"])
+    assert capsys.readouterr().out.count("--peak-alive: the allocator's history needs CUDA; skipped") == 2
     assert [r[2] for r in rows] == [gm.BASELINE, gm.OURS, gm.EXTRA["eager"], gm.EXTRA["save-D"],
                                     gm.EXTRA["fake-quant"], gm.EXTRA["reuse"], gm.CHECKPOINTED_BASELINE,
                                     gm.EXTRA["checkpoint"]]
@@ -141,6 +143,35 @@ def test_host_categories_take_the_first_category_any_frame_matches():
         "Dynamo guard checks": 4, "Triton launches (Inductor's CachingAutotuner.run and below)": 7,
         "allocations (empty_strided_cuda)": 2, "Inductor's wrapper code, own lines": 3,
         "autograd engine (incl. waiting on its device thread)": 5, "other": 1}
+
+
+def test_alive_at_peak_replays_the_allocator_history():
+    """The peak is the largest sum of blocks alive at once (here after a free that a
+    smaller peak came before); a block is alive until its free completes; a free of a block
+    allocated before the recording is ignored."""
+    def event(action, addr, size):
+        return {"action": action, "addr": addr, "size": size}
+
+    trace = [event("alloc", 1, 100), event("alloc", 2, 50), event("free_requested", 1, 100),
+             event("free_completed", 1, 100), event("free_completed", 9, 400), event("alloc", 3, 200),
+             event("alloc", 4, 10), event("free_completed", 3, 200), event("alloc", 5, 30)]
+    peak, blocks = gm.alive_at_peak({"device_traces": [trace]})
+    assert peak == 260 and [b["addr"] for b in blocks] == [3, 2, 4]
+    assert gm.alive_at_peak({"device_traces": [[]]}) == (0, [])
+
+
+def test_allocated_by_names_the_generated_code_line_first(tmp_path, monkeypatch):
+    from torch._inductor.runtime import cache_dir_utils
+
+    monkeypatch.setattr(cache_dir_utils, "cache_dir", lambda: str(tmp_path))
+    generated = tmp_path / "cabc.py"
+    generated.write_text("def call(args):\n    buf3 = empty_strided_cuda((64, 32), (32, 1), torch.bfloat16)\n")
+    ours = os.path.join(os.path.dirname(gm.nv.__file__), "ops.py")
+    torch_frame = {"filename": torch.__file__, "line": 1}
+    frames = [torch_frame, {"filename": str(ours), "line": 1}, {"filename": str(generated), "line": 2}]
+    assert gm.allocated_by(frames) == "cabc.py:2 buf3 = empty_strided_cuda((64, 32), (32, 1), torch.bfloat16)"
+    assert gm.allocated_by(frames[:2]).startswith("ops.py:1 ")
+    assert gm.allocated_by([torch_frame]).startswith("__init__.py:1 ") and gm.allocated_by([]) == "?"
 
 
 def test_compile_time_benchmark_runs_on_cpu():
