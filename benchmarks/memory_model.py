@@ -6,7 +6,11 @@ uninitialised CPU tensors: the allocations are the GPU run's, the values are not
 TorchDispatchMode counts each new storage until its last tensor dies; the script prints
 the peak of live bytes (inputs excluded, Y kept alive through the backward as autograd
 does) and what was alive at it, by allocation site. Run E4's GPU peak for S1 srelu was
-1.11 GiB; this model gave 1132 MiB for the same code.
+1.11 GiB; this model gave 1132 MiB for the same code. It keeps what an op body allocates
+alive as the eager body does, longer than Inductor's compiled step, so it can name a peak
+the GPU does not have (run AB2: S4 srelu 1744 MiB here, 1643 on the GPU, where the casts'
+packed copies were already freed; a change it credited with -131 MiB gave -30). What a
+compiled step holds at its GPU peak: ``grouped_mlp.py --peak-alive``.
 
     python benchmarks/memory_model.py [--shape S1] [--activation srelu] [--no-recompute]
 """
