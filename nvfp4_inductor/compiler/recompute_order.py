@@ -10,7 +10,9 @@ W1's bf16 copies. A checkpointed step's peak was 1.46-1.54x BF16's on the H200, 
 1.14-1.19x unchecked (benchmarks/NOTES.md, thirty-first session). Measured on
 benchmarks/checkpoint_memory.py's CPU model, moving the recompute lowers the checkpointed
 backward's peak by 342 MiB (S4 srelu) and 447 MiB (S4 swiglu), 11%; 13-15% at S3; little or
-nothing at S1 and S2, where the peak is elsewhere (benchmarks/NOTES.md, thirty-second session).
+nothing at S1 and S2 (benchmarks/NOTES.md, thirty-second session). Measured since on an
+H100, the checkpointed step's peak fell to the unchecked step's at S1, S3 and S4 alike
+(1.15-1.25x BF16's; S1 too, where the CPU model saw no gain; thirty-third session).
 
 ``hoist_site_recompute`` moves the recomputed nodes that feed each site's backward to just
 before that backward's first node, its stochastic-rounding seed draw
