@@ -107,12 +107,13 @@ def _capture_launches():
         finally:
             op_args.pop()
 
-    patched = []
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        if hasattr(module, "launch"):
-            patched.append((module, module.launch))
-            module.launch = record
+    # every module imported before any is patched: one imported in between would bind the
+    # patched launch as its own and keep it after the restore (later tests then crashed in it)
+    modules = [importlib.import_module(f"{kernels.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(kernels.__path__)]
+    patched = [(module, module.launch) for module in modules if hasattr(module, "launch")]
+    for module, _ in patched:
+        module.launch = record
     _registry.KernelOp.__call__ = tracked
     registered = "triton_here" in [t.name for t in lowerings.targets()]
     try:
