@@ -241,11 +241,12 @@ def grouped_mlp_bwd_fc2(
     # dY's seed, then dC's: the draws of the eager chain, in its order (nothing between them draws)
     dy_seed, dc_seed = draw_sr_seeds(dy, 2, sr_per_rank) if stochastic_rounding else (None, None)
 
-    def quantize_grad(t, seed):
+    def quantize_grad(t, seed, **deq):
         return steps.group_quantize(t, group_sizes, rowwise=True, columnwise=True, rht=rht, sign_mask=sign_mask,
-                                    stochastic_rounding=stochastic_rounding, seed=seed)
+                                    stochastic_rounding=stochastic_rounding, seed=seed, **deq)
 
-    dyq = quantize_grad(dy.contiguous(), dy_seed)
+    # dY's row-wise copy feeds fc2's dgrad right after its cast: deq() values where the target takes them
+    dyq = quantize_grad(dy.contiguous(), dy_seed, **_deq(steps))
     dgrad = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, w2_col_data, w2_col_scale, w2_amax, group_sizes)
     regenerate = recompute and not steps.d_after_dgrad
     if fused_dgrad:  # G stays in the GEMM's epilogue
