@@ -329,9 +329,10 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     D (row only), each writing its row-wise copy as the bf16 deq() values the forward GEMMs
     read (Steps.deq_operands): no dequantize launch in the forward.
     Backward amax dY, dC; casts dY, dC (row + column, SR: a row-wise and a column-wise
-    launch, each reading the source, kernels/config.py's cast_launches), the regenerated D
-    (column only, the forward's amax); dequantize dY + D, dC + x column-wise and dY + W2,
-    dC + W1 for the dgrads. tests/test_benchmark_grouped_mlp_smoke.py checks this sum
+    launch, each reading the source, kernels/config.py's cast_launches; dY's row-wise copy
+    written as deq() values, which fc2's dgrad reads right after), the regenerated D (column
+    only, the forward's amax); dequantize dY + D, dC + x column-wise and W2, dC + W1 for
+    the dgrads. tests/test_benchmark_grouped_mlp_smoke.py checks this sum
     against the tensors those launches read and write.
 
     Counted: a pass over a bf16 source reads 2 bytes per element; a cast writes each copy
@@ -349,9 +350,10 @@ def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     total = 0.0
     row, col = tokens * hidden, padded * hidden  # x: amax, row (deq()) and column casts, column dequantized
     total += 2 * row + 2 * 2 * row + 2 * row + NVFP4_BYTES * col + dequant(col)
-    for k in (hidden, f1):  # dY, dC: amax, row + column cast in two SR launches, both dequantized
+    for k, row_deq in ((hidden, True), (f1, False)):  # dY, dC: amax, row + column cast in two SR launches
         row, col = tokens * k, padded * k
-        total += 2 * row + 2 * 2 * row + NVFP4_BYTES * (row + col) + dequant(row) + dequant(col)
+        total += 2 * row + 2 * 2 * row + NVFP4_BYTES * col + dequant(col)
+        total += 2 * row if row_deq else NVFP4_BYTES * row + dequant(row)
     for n in (experts * f1 * hidden, experts * hidden * ffn):  # W1, W2: amax, 16x16-tile cast (row deq())
         total += 2 * n + 2 * n + 2 * n + NVFP4_BYTES * n + dequant(n)
     row, col = tokens * ffn, padded * ffn  # D: amax, row-only cast (forward, deq()), column-only cast (backward)
