@@ -80,11 +80,11 @@ def _fc1(steps, fused_fc1, fused_amax, xq, w1q, group_sizes, probs, activation, 
 def _deq(steps) -> dict:
     """The quantize steps' keyword that returns the row-wise copy as its deq() values, where
     the target's GEMM steps take such operands (``Steps.deq_operands``): for the forward
-    GEMMs' operands (x, W1, D, W2 row-wise), which a GEMM reads right after the cast, so no
-    dequantize launch expands a packed copy written just before. Every other copy stays
-    packed: those saved for the backward (3.6x smaller), and the backward's, whose casts
-    (stochastic rounding, or column-wise) slowed down by more than the dequantize they
-    save (NOTES, runs Y2-Y3). Equal bits: deq() is what the GEMMs read."""
+    GEMMs' operands (x, W1, D, W2 row-wise) and dY's row-wise copy, which a GEMM reads right
+    after the cast, so no dequantize launch expands a packed copy written just before. Every
+    other copy stays packed: those saved for the backward (3.6x smaller), dC's (held across
+    fc2's wgrad), and the column-wise ones, whose casts slowed down by more than the
+    dequantize they save (NOTES, runs Y2-Y3 and AC). Equal bits: deq() is what the GEMMs read."""
     return dict(rowwise_deq=True) if steps.deq_operands else {}
 
 
