@@ -84,7 +84,7 @@ def _deq(steps) -> dict:
     after the cast, so no dequantize launch expands a packed copy written just before. Every
     other copy stays packed: those saved for the backward (3.6x smaller), dC's (held across
     fc2's wgrad), and the column-wise ones, whose casts slowed down by more than the
-    dequantize they save (NOTES, runs Y2-Y3 and AC). Equal bits: deq() is what the GEMMs read."""
+    dequantize they save (NOTES, runs Y2-Y3, AC1-AC4). Equal bits: deq() is what the GEMMs read."""
     return dict(rowwise_deq=True) if steps.deq_operands else {}
 
 
