@@ -48,15 +48,17 @@ from nvfp4_inductor.kernels.group_cast import _group_cast_kernel  # noqa: E402
 
 VARIANTS = {  # name: (rowwise, columnwise, rht, block_2d, sr, stacked[, row_deq[, activation of C]])
     "row+col": (True, True, True, False, False, False),  # activations (forward)
-    "row sr": (True, False, False, False, True, False),  # gradients: an SR row + column cast
-    "col sr": (False, True, True, False, True, False),  # is these two launches (config.cast_launches)
+    # gradients: an SR row + column cast is a row-wise and a column-wise launch (config.cast_launches)
+    "row sr": (True, False, False, False, True, False),  # dC's row-wise launch (dY's: "row sr, row deq")
+    "col sr": (False, True, True, False, True, False),
     "weights 2d": (True, True, False, True, False, True),  # expert weight stacks
     "row": (True, False, False, False, False, False),  # the recompute's fc2 input
     "col": (False, True, True, False, False, False),
-    # the forward's casts: the row-wise copy written as bf16 deq() values (Steps.deq_operands)
+    # the row-wise copy a GEMM reads next, written as bf16 deq() values (Steps.deq_operands)
     "row+col, row deq": (True, True, True, False, False, False, True),
     "weights 2d, row deq": (True, True, False, True, False, True, True),
     "row deq": (True, False, False, False, False, False, True),
+    "row sr, row deq": (True, False, False, False, True, False, True),  # dY's row-wise launch (fc2's dgrad)
     # the backward's recompute: D made from C (and probs) inside its column-wise cast
     "col, D from C srelu": (False, True, True, False, False, False, False, "srelu"),
     "col, D from C swiglu": (False, True, True, False, False, False, False, "swiglu"),
