@@ -266,6 +266,7 @@ def test_a_fused_fc1_not_reading_the_stored_c_keeps_d():
         [s] = nv.explain(mlp, *args, recompute=True).sites
         assert "D col data" in [name for name, *_ in s.saved]
         assert "quantize D: row + col RHT (row as deq() values)" in dict(s.forward_steps)
+        assert "quantize dY: row + col RHT, SR (row as deq() values)" in dict(s.backward_steps)
         compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
         assert compare.bitwise, str(compare)
     assert counts["fc2_dgrad_act"] == 2 and counts["D regenerated"] == 0  # compare: eager, compiled

@@ -481,7 +481,7 @@ def describe_steps(steps, plan: Plan, *, recompute: bool, rht: bool, stochastic_
         plan.fused_dgrad) else [
         ("fc2 dgrad -> G", "grouped_gemm"), ("activation backward -> dC, dp" + regen, "activation_backward")]
     backward = [
-        (f"quantize dY: row + {col}{sr}", "group_quantize"),
+        (f"quantize dY: row + {col}{sr}{deq}", "group_quantize"),
         *dact,
         *(_recompute_d_steps(steps, col) if recompute else []),
         (f"quantize dC: row + {col}{sr}", "group_quantize"),
