@@ -53,8 +53,11 @@ def replace_launches(monkeypatch):
     from nvfp4_inductor import kernels
 
     def replace(make):
-        for info in pkgutil.iter_modules(kernels.__path__):
-            module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+        # every module imported before any is patched: one first imported in between would
+        # bind the replaced launch as its own, wrap it again, and keep it after the restore
+        modules = [importlib.import_module(f"{kernels.__name__}.{info.name}")
+                   for info in pkgutil.iter_modules(kernels.__path__)]
+        for module in modules:
             if hasattr(module, "launch"):
                 monkeypatch.setattr(module, "launch", make(module.launch))
 

@@ -17,10 +17,8 @@ without TRITON_INTERPRET, with a stand-in driver that names an SM90 target (only
 front end runs: Python -> TTIR, no GPU code).
 """
 
-import importlib
 import os
 import pickle
-import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -76,13 +74,12 @@ ANALYSE = SM90_DRIVER + textwrap.dedent("""
 """)
 
 
-def _capture_launches():
+def _capture_launches(replace_launches):
     """(module, kernel, {kwarg: ("T", shape, dtype) | value}, inputs) of each distinct launch
-    of a fused step; inputs: the tensor kwargs that are views of the kernel op's arguments."""
+    of a fused step; inputs: the tensor kwargs that are views of the kernel op's arguments.
+    `replace_launches`: the conftest fixture, which restores the launches after the test."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from host_overhead import fused_step, triton_here
-
-    import nvfp4_inductor.kernels as kernels
 
     op_args: list[set] = []
     seen = {}
@@ -107,13 +104,7 @@ def _capture_launches():
         finally:
             op_args.pop()
 
-    # every module imported before any is patched: one imported in between would bind the
-    # patched launch as its own and keep it after the restore (later tests then crashed in it)
-    modules = [importlib.import_module(f"{kernels.__name__}.{info.name}")
-               for info in pkgutil.iter_modules(kernels.__path__)]
-    patched = [(module, module.launch) for module in modules if hasattr(module, "launch")]
-    for module, _ in patched:
-        module.launch = record
+    replace_launches(lambda launch: record)
     _registry.KernelOp.__call__ = tracked
     registered = "triton_here" in [t.name for t in lowerings.targets()]
     try:
@@ -131,14 +122,12 @@ def _capture_launches():
         if not registered:  # later tests choose their targets from the registry
             lowerings.unregister_target("triton_here")
         _registry.KernelOp.__call__ = body_call
-        for module, launch in patched:
-            module.launch = launch
     return list(seen.values())
 
 
 @pytest.mark.skipif(not _registry.INTERPRET, reason="captures launches through the interpreter")
-def test_no_kernel_input_counts_as_written_when_traced(tmp_path):
-    launches = _capture_launches()
+def test_no_kernel_input_counts_as_written_when_traced(tmp_path, replace_launches):
+    launches = _capture_launches(replace_launches)
     assert {name for _, name, _, _ in launches} >= {
         "_group_cast_kernel", "_group_amax_kernel", "_dequantize_kernel", "_grouped_gemm_bf16_kernel",
         "_grouped_gemm_wgrad_bf16_kernel", "_grouped_gemm_act_kernel", "_grouped_gemm_dact_kernel"}
