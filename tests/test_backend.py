@@ -288,6 +288,17 @@ def test_compiled_backward_runs_last_the_fc1_gemm_with_fewer_bf16_copies(use_ste
     assert fc1 == (["dgrad", "wgrad"] if wgrad_last else ["wgrad", "dgrad"]), calls
 
 
+def test_fc1_gemm_order_refuses_a_dequantized_copy():
+    """The order rule counts packed copies (2 elements a byte); a bf16 deq() copy of dC,
+    which no plan makes today, would double its side and flip the order silently."""
+    from nvfp4_inductor.compiler.fused import fc1_wgrad_last
+
+    packed = [torch.zeros(64, 16, dtype=torch.uint8) for _ in range(4)]
+    assert fc1_wgrad_last(*packed) is False  # equal sides: the dgrad stays last
+    with pytest.raises(RuntimeError, match="dC row is torch.bfloat16"):
+        fc1_wgrad_last(torch.zeros(64, 32, dtype=torch.bfloat16), *packed[1:])
+
+
 def test_no_recompiles_when_routing_changes():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

@@ -350,7 +350,13 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
     measured higher peaks at S3 and S4 (benchmarks/NOTES.md run M6). Packed sizes stand for
     the copies' (both 2 elements a byte); a traced token count is read without a guard
     (neither GEMM draws random bits, so the order changes no result, only the peak), and a
-    data-dependent one, which has no example value, keeps the dgrad last."""
+    data-dependent one, which has no example value, keeps the dgrad last. A deq() copy (bf16)
+    would break both counts: the GEMM makes no copy of it, and it lives from its cast on, so
+    the rule refuses one rather than misorder (dC's copies stay packed: ``_deq``)."""
+    for name, data in [("dC row", dc_row_data), ("dC col", dc_col_data), ("x col", x_col_data),
+                       ("W1 col", w1_col_data)]:
+        torch._check(data.dtype == torch.uint8,
+                     lambda: f"fc1_wgrad_last counts packed copies; {name} is {data.dtype}")
     wgrad_copies = [size_hint(x_col_data.numel()), size_hint(dc_col_data.numel())]
     dgrad_copies = [size_hint(w1_col_data.numel()), size_hint(dc_row_data.numel())]
     if None in wgrad_copies + dgrad_copies:
