@@ -146,6 +146,7 @@ def main(argv=None) -> list[list[str]]:
                                               args.profile_to)
         print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host)))
         return []
+    print(gm.machine_line(args.device), flush=True)
     rows = []
     for index, (name, _) in enumerate(impls):
         if args.only and name not in args.only:

@@ -741,6 +741,22 @@ def parse_args(argv=None):
     return opts
 
 
+def machine_line(device: str) -> str:
+    """What a log's figures were measured on: the card (or CPU) and the torch / Triton versions,
+    so that figures from different cards are never set side by side unknowingly."""
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        where = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)"
+    else:
+        where = f"{device} ({os.cpu_count()} cores)"
+    try:
+        import triton
+        versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    except ImportError:
+        versions = f"torch {torch.__version__}, no triton"
+    return f"{where}; {versions}"
+
+
 def progress_clock():
     """A progress printer: each line prefixed with the seconds since this call."""
     start = time.perf_counter()
@@ -768,6 +784,7 @@ def main(argv=None) -> list[list[str]]:
     """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
     opts = parse_args(argv)
     clock = progress_clock()
+    clock(machine_line(opts.device))
     opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
     if opts.host_sample and not opts.py_spy:
         clock("--host-sample: py-spy not found on PATH; no host samples (the module docstring says how to carry it)")

@@ -68,7 +68,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, kept_note, progress_clock, ratio, step_peak, table_of
+from grouped_mlp import bench_ms, host_ms, kept_note, machine_line, progress_clock, ratio, step_peak, table_of
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -291,6 +291,7 @@ def main(argv=None) -> list[list[str]]:
     """Run the benchmark; print each row as it is measured and the table last. Returns the rows."""
     opts = parse_args(argv)
     clock = progress_clock()
+    clock(machine_line(opts.device))
     # Dynamo warns once per transformers helper it traces through (lru_cache wrappers): not ours to fix
     warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
 

@@ -34,6 +34,7 @@ def test_main_on_cpu_gives_every_row_with_finite_numbers(capsys):
                     "--host-sample"])
     out = capsys.readouterr().out
     assert "graphs-on rows skipped on the CPU" in out
+    assert f"] cpu ({os.cpu_count()} cores); torch {torch.__version__}" in out  # what measured it
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
         ("tiny", act, name, "off") for act in ("srelu", "swiglu") for name in (gm.BASELINE, gm.OURS)]
     for row in rows:
