@@ -25,6 +25,9 @@ reuse_weight_casts, every step inside one ``nv.reuse_weight_casts()`` block, so 
 step is a later micro-batch of gradient accumulation, whose expert weights the first step
 cast; the note gives the memory the kept copies hold (the peak's base, taken after the
 first step, includes them).
+--host-sample attaches py-spy to each row's warm steps (graphs off) and prints where the
+host time goes, as ``grouped_mlp.py --host-sample`` does (its docstring says how to carry
+py-spy to a machine without network): the host ms column says how much, this says where.
 --checkpoint runs every row under activation checkpointing: the model case with transformers'
 ``model.gradient_checkpointing_enable()`` (each decoder layer; ``use_cache`` off), the block
 case with torch.utils.checkpoint around the block; both compiled with
@@ -49,7 +52,8 @@ Columns:
 
     python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
         [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
-        [--compiler inductor|aot_eager] [--graphs off on] [--reuse-weights] [--checkpoint] [--tiny]
+        [--compiler inductor|aot_eager] [--graphs off on] [--reuse-weights] [--checkpoint] [--host-sample]
+        [--tiny]
 
 Needs transformers (the test extra). ``--device cpu --tiny --compiler aot_eager`` is the CPU
 smoke run (tests/test_benchmark_grouped_mlp_smoke.py): tiny sizes, perf_counter timing, no peak.
@@ -61,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import time
 import warnings
 from typing import Callable, NamedTuple, Optional
@@ -68,7 +73,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import bench_ms, host_ms, kept_note, machine_line, progress_clock, ratio, step_peak, table_of
+from grouped_mlp import (bench_ms, host_ms, host_sample, kept_note, machine_line, progress_clock, ratio, step_peak,
+                         table_of)
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -222,8 +228,11 @@ def _measure_compiled(c: Case, backend: str, graphs: bool, opts) -> Measured:
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend != "inductor" else "-"
     graph_breaks = sum(counters["graph_break"].values())
     note = "graphs skipped" if counters["inductor"]["cudagraph_skips"] else ""
-    return Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
-                    first_s, loss, sites, graph_breaks, note)
+    measured = Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
+                        first_s, loss, sites, graph_breaks, note)
+    if opts.py_spy and not graphs:
+        print(f"[{backend}] host samples of a warm step:\n{host_sample(step, opts.device, opts.py_spy)}", flush=True)
+    return measured
 
 
 def _backend(name: str, compiler: str):
@@ -279,6 +288,8 @@ def parse_args(argv=None):
                         help="a third row: nvfp4 with the weights' casts reused (a later micro-batch), graphs off")
     parser.add_argument("--checkpoint", action="store_true",
                         help="every row under activation checkpointing (the model: each decoder layer)")
+    parser.add_argument("--host-sample", action="store_true",
+                        help="py-spy samples of each row's warm steps (graphs off): where the host time goes")
     parser.add_argument("--tiny", action="store_true", help="CPU sizes for every family (smoke run)")
     opts = parser.parse_args(argv)
     opts.graphs = [g == "on" for g in opts.graphs]
@@ -292,6 +303,10 @@ def main(argv=None) -> list[list[str]]:
     opts = parse_args(argv)
     clock = progress_clock()
     clock(machine_line(opts.device))
+    opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
+    if opts.host_sample and not opts.py_spy:
+        clock("--host-sample: py-spy not found on PATH; no host samples "
+              "(grouped_mlp.py's docstring says how to carry it)")
     # Dynamo warns once per transformers helper it traces through (lru_cache wrappers): not ours to fix
     warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
 

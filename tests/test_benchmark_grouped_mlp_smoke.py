@@ -197,7 +197,7 @@ def test_compile_time_benchmark_runs_on_cpu():
         compile_time.main(["--device", "cpu", "--layers", "0"])
 
 
-def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
+def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu(capsys):
     """benchmarks/model_step.py (transformers MoE models, unchanged, BF16 against the
     backend): at tiny sizes, both cases give a row per implementation with finite numbers,
     and the backend rewrites the block's grouped MLP and every decoder layer's, with no
@@ -205,7 +205,9 @@ def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu():
     import model_step
 
     rows = model_step.main(["--device", "cpu", "--tiny", "--compiler", "aot_eager", "--families", "qwen3_moe",
-                            "--tokens", "256", "--layers", "2", "--seq", "64", "--reuse-weights"])
+                            "--tokens", "256", "--layers", "2", "--seq", "64", "--reuse-weights", "--host-sample"])
+    out = capsys.readouterr().out
+    assert out.count("py-spy not found on PATH") == 1 or out.count("host samples of a warm step") == len(rows)
     names = [*model_step.IMPLEMENTATIONS, model_step.REUSE]
     assert [(r[0], r[4], r[5]) for r in rows] == [(case, name, "off") for case in ("block", "model") for name in names]
     for row in rows:
