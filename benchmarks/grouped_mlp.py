@@ -293,6 +293,18 @@ def step_peak(step) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+def device_allocs(step, steps=10) -> float:
+    """cudaMalloc calls a warm CUDA step makes, averaged over `steps`: the caching allocator
+    should serve a warm step from blocks it holds; each call it makes instead (and the
+    cudaFree of cached blocks that may precede it) waits for the device, host time that moves
+    between processes."""
+    before = torch.cuda.memory_stats().get("num_device_alloc", 0)
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (torch.cuda.memory_stats().get("num_device_alloc", 0) - before) / steps
+
+
 def host_ms(step, device, steps=5, rounds=5) -> float:
     """Host time to enqueue one step: the median over `rounds` of `steps` steps run back to
     back without a sync, so the CPU does not wait for the GPU as long as their launches fit

@@ -49,6 +49,9 @@ Columns:
   loss            the first step's loss (the same weights and data in both rows).
   sites           grouped MLPs the backend rewrote / found (counters["nvfp4"]); "-" for BF16.
   graph breaks    Dynamo's graph breaks in the compile (the model's own code).
+  note            "cudaMalloc N a step" where warm steps (graphs off, CUDA) still make the
+                  caching allocator call cudaMalloc (``grouped_mlp.device_allocs``; each such
+                  call, and the cudaFree before it, waits for the device); the kept copies.
 
     python benchmarks/model_step.py [--families mixtral olmoe qwen3_moe] [--cases block model]
         [--tokens 8192] [--layers 4] [--batch 2] [--seq 2048] [--device cuda|cpu]
@@ -73,8 +76,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import (bench_ms, host_ms, host_sample, kept_note, machine_line, progress_clock, ratio, step_peak,
-                         table_of)
+from grouped_mlp import (bench_ms, device_allocs, host_ms, host_sample, kept_note, machine_line, progress_clock,
+                         ratio, step_peak, table_of)
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -179,7 +182,7 @@ class Measured(NamedTuple):
     loss: float
     sites: str
     graph_breaks: int
-    note: str  # "graphs skipped" where Inductor declined CUDA graphs; the kept copies' memory
+    note: str  # "graphs skipped"; cudaMalloc calls of a warm step; the kept copies' memory
 
 
 def training_step(compiled, c: Case, graphs: bool) -> Callable[[], None]:
@@ -204,7 +207,7 @@ def measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
 
     with nv.reuse_weight_casts() as reuse:
         m = _measure(c, backend, graphs, opts)
-        return m._replace(note=kept_note(reuse.kept_bytes))
+        return m._replace(note="; ".join(filter(None, [m.note, kept_note(reuse.kept_bytes)])))
 
 
 def _measure(c: Case, backend: str, graphs: bool, opts) -> Measured:
@@ -227,7 +230,10 @@ def _measure_compiled(c: Case, backend: str, graphs: bool, opts) -> Measured:
     found = counters["nvfp4"]["sites_rewritten"] + counters["nvfp4"]["sites_rejected"]
     sites = f"{counters['nvfp4']['sites_rewritten']}/{found}" if backend != "inductor" else "-"
     graph_breaks = sum(counters["graph_break"].values())
-    note = "graphs skipped" if counters["inductor"]["cudagraph_skips"] else ""
+    notes = ["graphs skipped"] if counters["inductor"]["cudagraph_skips"] else []
+    allocs = device_allocs(step) if opts.device == "cuda" and not graphs else 0
+    notes += [f"cudaMalloc {allocs:.1f} a step"] if allocs else []
+    note = "; ".join(notes)
     measured = Measured(bench_ms(step, opts.device, warmup=100, rep=500), host_ms(step, opts.device, steps=2), peak,
                         first_s, loss, sites, graph_breaks, note)
     if opts.py_spy and not graphs:
