@@ -769,6 +769,16 @@ def machine_line(device: str) -> str:
     return f"{where}; {versions}"
 
 
+def find_py_spy(wanted: bool, clock) -> Optional[str]:
+    """--host-sample's py-spy binary on PATH, None when not asked for or not found (said in
+    one line: the run goes on without host samples)."""
+    path = shutil.which("py-spy") if wanted else None
+    if wanted and not path:
+        clock("--host-sample: py-spy not found on PATH; no host samples "
+              "(grouped_mlp.py's module docstring says how to carry it)")
+    return path
+
+
 def progress_clock():
     """A progress printer: each line prefixed with the seconds since this call."""
     start = time.perf_counter()
@@ -797,9 +807,7 @@ def main(argv=None) -> list[list[str]]:
     opts = parse_args(argv)
     clock = progress_clock()
     clock(machine_line(opts.device))
-    opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
-    if opts.host_sample and not opts.py_spy:
-        clock("--host-sample: py-spy not found on PATH; no host samples (the module docstring says how to carry it)")
+    opts.py_spy = find_py_spy(opts.host_sample, clock)
     bytes_per_ms = copy_rate(opts.device)
     clock(f"copy rate {bytes_per_ms / 1e6:.1f} GB/s (read + write of {COPY_BYTES[opts.device] / 2**20:.0f} MiB)")
 

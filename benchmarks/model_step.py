@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import shutil
 import time
 import warnings
 from typing import Callable, NamedTuple, Optional
@@ -76,8 +75,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from grouped_mlp import (bench_ms, device_allocs, host_ms, host_sample, kept_note, machine_line, progress_clock,
-                         ratio, step_peak, table_of)
+from grouped_mlp import (bench_ms, device_allocs, find_py_spy, host_ms, host_sample, kept_note, machine_line,
+                         progress_clock, ratio, step_peak, table_of)
 
 # Published sizes where transformers' default config differs (OLMoE-1B-7B's expert width).
 FAMILIES = {
@@ -309,10 +308,7 @@ def main(argv=None) -> list[list[str]]:
     opts = parse_args(argv)
     clock = progress_clock()
     clock(machine_line(opts.device))
-    opts.py_spy = shutil.which("py-spy") if opts.host_sample else None
-    if opts.host_sample and not opts.py_spy:
-        clock("--host-sample: py-spy not found on PATH; no host samples "
-              "(grouped_mlp.py's docstring says how to carry it)")
+    opts.py_spy = find_py_spy(opts.host_sample, clock)
     # Dynamo warns once per transformers helper it traces through (lru_cache wrappers): not ours to fix
     warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
 
