@@ -4,7 +4,7 @@ its main at the tiny shape (compiler="aot_eager") gives every row with finite nu
 floor's byte model equals the bytes the Triton lowering's casts, amax passes and
 dequantizations read and write; the py-spy output parser; the option checks; and CPU runs
 of the other H200 benchmarks whose failure would waste device time (compile_time.py,
-cast_sass.py, epilogue_sass.py, cast_tiles.py, model_step.py)."""
+cast_sass.py, epilogue_sass.py, cast_tiles.py, model_step.py, inkernel_decode.py)."""
 
 import collections
 import math
@@ -318,3 +318,16 @@ def test_model_step_benchmark_under_gradient_checkpointing_on_cpu():
                             "--cases", "model", "--layers", "2", "--seq", "64", "--checkpoint"])
     cells = [dict(zip(model_step.HEADERS, r)) for r in rows]
     assert [(c["sites"], c["graph breaks"]) for c in cells] == [("-", "0"), ("2/2", "0")], cells
+
+
+def test_inkernel_decode_writes_the_packages_deq_values():
+    """benchmarks/inkernel_decode.py's decode (the same function its GEMM uses in the K loop)
+    on every E2M1 code and a range of E4M3 scales, bit for bit against formats.operand_values;
+    its main refuses the CPU by name."""
+    import inkernel_decode as dec
+
+    codes, scales = dec.random_weight(64, 256, "cpu")
+    assert set(torch.cat([codes & 15, codes >> 4]).unique().tolist()) == set(range(16))
+    assert torch.equal(dec.dequantize(codes, scales), dec.expected(codes, scales))
+    with pytest.raises(SystemExit):
+        dec.main(["--shapes", "128x128x128"])
