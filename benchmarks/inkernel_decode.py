@@ -18,9 +18,9 @@ probe (not persistent, no groups): compare rows with each other, not with torch.
     python benchmarks/inkernel_decode.py                 # S1's two fprop GEMMs, S4's fc1 un-grouped
     python benchmarks/inkernel_decode.py --shapes 16384x2048x4096
 
-On an H100 with Triton 3.6 (benchmarks/results/ws_probe_run_AF3.log) decoding in the loop took
-2.0-2.5x the bf16 kernel's time, with or without warp specialization, against 7-14 us for the
-dequantize pass it would save.
+On an H100 with Triton 3.6 (benchmarks/results/inkernel_decode_run_AF5.log) decoding in the loop
+took 1.9-2.3x the bf16 kernel's time, with or without warp specialization, against 8-26 us for
+the dequantize pass it would save.
 """
 
 from __future__ import annotations
