@@ -320,10 +320,10 @@ def test_model_step_benchmark_under_gradient_checkpointing_on_cpu():
     assert [(c["sites"], c["graph breaks"]) for c in cells] == [("-", "0"), ("2/2", "0")], cells
 
 
-def test_inkernel_decode_writes_the_packages_deq_values():
+def test_inkernel_decode_writes_the_packages_deq_values(capsys):
     """benchmarks/inkernel_decode.py's decode (the same function its GEMM uses in the K loop)
     on every E2M1 code and a range of E4M3 scales, bit for bit against formats.operand_values;
-    its main refuses the CPU by name."""
+    its main says on the CPU that it needs a GPU."""
     import inkernel_decode as dec
 
     codes, scales = dec.random_weight(64, 256, "cpu")
@@ -331,3 +331,4 @@ def test_inkernel_decode_writes_the_packages_deq_values():
     assert torch.equal(dec.dequantize(codes, scales), dec.expected(codes, scales))
     with pytest.raises(SystemExit):
         dec.main(["--shapes", "128x128x128"])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
