@@ -320,15 +320,26 @@ def test_model_step_benchmark_under_gradient_checkpointing_on_cpu():
     assert [(c["sites"], c["graph breaks"]) for c in cells] == [("-", "0"), ("2/2", "0")], cells
 
 
-def test_inkernel_decode_writes_the_packages_deq_values(capsys):
-    """benchmarks/inkernel_decode.py's decode (the same function its GEMM uses in the K loop)
-    on every E2M1 code and a range of E4M3 scales, bit for bit against formats.operand_values;
-    its main says on the CPU that it needs a GPU."""
+def test_inkernel_decode_gemm_equals_the_gemm_on_deq_values(capsys):
+    """benchmarks/inkernel_decode.py under the interpreter: its GEMM decoding the packed
+    weight in the K loop gives the bits of the same GEMM on the dequantize kernel's bf16
+    copy (the same products in the same order), on every E2M1 code, and both are the
+    product torch computes; the copy equals formats.operand_values. Its main says on the
+    CPU that it needs a GPU."""
     import inkernel_decode as dec
 
-    codes, scales = dec.random_weight(64, 256, "cpu")
+    m = n = k = 128
+    codes, scales = dec.random_weight(n, k, "cpu")
     assert set(torch.cat([codes & 15, codes >> 4]).unique().tolist()) == set(range(16))
-    assert torch.equal(dec.dequantize(codes, scales), dec.expected(codes, scales))
+    b = dec.dequantize_bf16(codes, scales)
+    assert torch.equal(b, dec.expected(codes, scales))
+    a = torch.randn(m, k, generator=torch.Generator().manual_seed(0)).bfloat16()
+    outs = [torch.empty(m, n, dtype=torch.bfloat16) for _ in range(2)]
+    for out, decode in zip(outs, (False, True)):
+        dec.gemm(a, b, codes, scales, out, decode, False, (64, 64, 64, 4, 2))
+    assert torch.equal(outs[1], outs[0])
+    want = a.float() @ b.float().t()
+    assert (outs[1].float() - want).abs().max() <= 1e-2 * want.abs().max()
     with pytest.raises(SystemExit):
         dec.main(["--shapes", "128x128x128"])
     assert "needs a CUDA GPU" in capsys.readouterr().err
