@@ -11,7 +11,8 @@ a plain GEMM C = A @ deq(B)^T, A bf16 (M, K), B in the weight's row-wise layout:
                                dequantize kernel's own arithmetic (``dequantize._deq_nibbles``)
     ..., warp_specialize       the same with tl.range(..., warp_specialize=True) (Triton's
                                Hopper warp specialization: a producer warp group loads)
-    dequantize pass            ``kernels.dequantize.dequantize_bf16`` on B (today's extra pass)
+    dequantize pass            ``kernels.dequantize.dequantize_bf16`` on B (today's extra pass),
+                               replayed from a CUDA graph
 
 best of a few tiles each, timed with triton.testing.do_bench; every GEMM is checked against
 torch, B's deq() values bit for bit against ``formats.operand_values``. The GEMM kernel is a
@@ -20,9 +21,9 @@ probe (not persistent, no groups): compare rows with each other, not with torch.
     python benchmarks/inkernel_decode.py                 # S1's two fprop GEMMs, S4's fc1 un-grouped
     python benchmarks/inkernel_decode.py --shapes 16384x2048x4096
 
-On an H100 with Triton 3.6 (benchmarks/results/inkernel_decode_run_AF5.log) decoding in the loop
-took 1.9-2.3x the bf16 kernel's time, with or without warp specialization, against 8-26 us for
-the dequantize pass it would save.
+On an H100 with Triton 3.6 (benchmarks/results/inkernel_decode_run_AF7.log) decoding in the loop
+took 1.4-1.6x the bf16 kernel's time (200-290 us more a GEMM), with or without warp
+specialization, against 3-7 us for the dequantize pass it would save.
 """
 
 from __future__ import annotations
