@@ -1,6 +1,6 @@
 """Question: how many SM90 instructions does each variant of the cast kernel execute per
 element it casts, and does it spill? A proxy for its speed that needs no GPU: the cast is
-bound by instructions, not bytes (run Q3: under 25% of copy bandwidth), and every kernel
+bound by instructions, not bytes (the first casts ran under 25% of the copy rate: docs/decisions.md, "Casts"), and every kernel
 here is unrolled straight-line code except the loop over column blocks.
 
 Each variant of ``_group_cast_kernel`` is compiled for sm_90a on this machine (Triton's
@@ -12,7 +12,7 @@ casts per program), as if every program walked k_blocks blocks (a row-only cast 
 ``--token-unroll`` below 16 also loops over its tokens inside each block). Registers and
 spill bytes come from cuobjdump's resource usage. "compile s": Triton's compile of the
 variant into an empty cache on this machine's CPU -- a cold first step waits for the
-slowest kernel of its forward, then of its backward (benchmarks/NOTES.md, run N2).
+slowest kernel of its forward, then of its backward.
 
     python benchmarks/cast_sass.py [--groups 8 128] [--k-blocks 1 4] [--token-unroll 16 4]
         [--variants row+col "col sr" ...]

@@ -16,8 +16,8 @@ alone.
 Every launch's bits are checked against the heuristic's (a deq() copy against the
 heuristic's deq() copy): no tile or split may change one.
 Times are triton.testing.do_bench medians (us); the first timing of a process can read
-slow (run K4: 158 us for a config that then took 92). Runs W1 and K1-K4 of
-benchmarks/NOTES.md chose the current heuristics from these cases; the SR row-only
+slow (158 us once for a config that then took 92). The current heuristics were chosen from
+these cases (docs/decisions.md, "Tile choices"); the SR row-only
 candidates of 16 elements per thread (16x512, 16x1024) come from sm_90a SASS counts
 (benchmarks/cast_sass.py).
 
@@ -70,8 +70,7 @@ TILES = {  # single-copy candidates beside the heuristic's
            CastConfig(16, 512, 1, k_blocks=2), CastConfig(16, 1024, 1), CastConfig(32, 128, 2, k_blocks=4),
            CastConfig(64, 128, 4, k_blocks=4), CastConfig(16, 512, 2, k_blocks=2)],
 }
-STACK_TILES = [  # both-copy candidates beside the heuristic's; run K1 (S4 W1): 32x128 w1 k4 467 us, 32x128 w2
-    # 368, 32x128 w4 375, 64x128 w4 349, 32x64 w1 k8 403, 16-row tiles 455-473, a 168-register cap 449
+STACK_TILES = [  # both-copy candidates beside the heuristic's
     CastConfig(32, 128, 2, k_blocks=4), CastConfig(64, 128, 4, k_blocks=4), CastConfig(64, 128, 8, k_blocks=4),
     CastConfig(128, 128, 8, k_blocks=4), CastConfig(64, 128, 4, k_blocks=2), CastConfig(64, 128, 4, k_blocks=8),
     CastConfig(64, 256, 8, k_blocks=2), CastConfig(64, 64, 2, k_blocks=8), CastConfig(128, 64, 4, k_blocks=8),

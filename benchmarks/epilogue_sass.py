@@ -1,7 +1,8 @@
 """Question: does a fused epilogue GEMM (fc1 + activation; fc2 dgrad + activation backward)
 spill registers at a tile config? A proxy that needs no GPU: a spilling epilogue stalls on
-local memory between tiles of a persistent GEMM (run X1: the fc1 kernel's former amax
-epilogue, 200 bytes of spills in this count, cost 0.19 ms at S4).
+local memory between tiles of a persistent GEMM (the fc1 kernel's former amax
+epilogue, 200 bytes of spills in this count, cost 0.19 ms at S4: docs/decisions.md,
+"GEMM operands").
 
 Each kernel is compiled for sm_90a on this machine, as benchmarks/cast_sass.py compiles the
 casts (Triton's front end and the ptxas it ships; nothing runs), at every config of

@@ -9,8 +9,8 @@ ready bf16 deq() operands (random, non-zero; do_bench medians), one process:
   dact    ``_grouped_gemm_dact_op`` (dC, dprob, regenerated D)
 for each tile config in CONFIGS (--configs picks some). Columns: ms and the ratio to
 `plain` at the default config; "no D" times dact without regenerating D, so the epilogue's
-parts can be told apart. (Run X1 timed the act kernel's former D-amax epilogue here too: 0.678 against
-0.484 ms without it at S4, so it was removed.) A config that fails to compile (shared
+parts can be told apart. (The act kernel's former D-amax epilogue timed here took 0.678 against 0.484 ms
+without it at S4, so it was removed.) A config that fails to compile (shared
 memory) is reported, not hidden.
 
     python benchmarks/epilogue_tiles.py [--shapes S1 S3] [--activations srelu swiglu]
@@ -46,7 +46,7 @@ CONFIGS = {  # BM, BN, BK, warps, stages[, the dact epilogue's column slices]
     "256x128x64 w8 s3": Bf16GemmConfig(256, 128, 64, 8, 3),
     "64x256x64 w4 s4": Bf16GemmConfig(64, 256, 64, 4, 4),
     # the dact epilogue in column slices (the act kernel ignores the split): no register
-    # spills in their sm_90a code where the unsplit tiles spill (NOTES, twelfth session)
+    # spills in their sm_90a code where the unsplit tiles spill (benchmarks/epilogue_sass.py)
     "128x128x64 w8 s4 /2": Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=2),
     "128x128x64 w8 s4 /4": Bf16GemmConfig(128, 128, 64, 8, 4, epilogue_split=4),
     "128x256x64 w8 s3 /4": Bf16GemmConfig(128, 256, 64, 8, 3, epilogue_split=4),

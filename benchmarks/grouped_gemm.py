@@ -51,7 +51,7 @@ def candidates(default: Bf16GemmConfig, kind: str) -> dict[str, Bf16GemmConfig]:
     """The configs tried beside the heuristic's: its TMA twin, with one stage more, its tile
     turned over (BM <-> BN), pointers and TMA, and for the fprop-shaped kinds its tiles
     walked in bands of 4, 8 and 16 M tiles (``band_m``; not the wgrads' schedule). Two
-    programs an SM (one warp group each) lost everywhere (benchmarks/NOTES.md, run P1)."""
+    programs an SM (one warp group each) lost everywhere (docs/decisions.md, "GEMM operands")."""
     turned = dataclasses.replace(default, block_m=default.block_n, block_n=default.block_m)
     out = {
         "tma": dataclasses.replace(default, tma=True),

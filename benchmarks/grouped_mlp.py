@@ -45,7 +45,7 @@ Columns:
         [--peak-alive] [--host-profile] [--host-sample] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 The defaults (S1-S4 x srelu, swiglu; BF16 + NVFP4 recompute; graphs off and on; floor) should
-fit ~8 minutes on a fresh H200 with Triton's cache cold (an estimate from runs E7, E8). Each
+fit ~8 minutes on a fresh H200 with Triton's cache cold (an estimate from earlier runs). Each
 row is printed as it finishes (a cut-off run still reports) and the table last; SIGINT
 (``timeout -s INT``) prints the rows measured so far.
 ``--device cpu --shapes tiny --compiler aot_eager`` is a smoke run (tests/
@@ -106,7 +106,7 @@ SHAPES = {  # experts, tokens, hidden, ffn, uneven routing
     "S4": (128, 65536, 2048, 768, True),
     "tiny": (4, 256, 64, 64, True),  # the CPU smoke run
     # GPU work under the host time of a compiled step: host ms is the host's, and
-    # --host-sample sees host work, not waits on a full launch queue (runs J2, J3)
+    # --host-sample sees host work, not waits on a full launch queue
     "H": (8, 2048, 1024, 512, False),
 }
 DEFAULT_SHAPES = {"cuda": ["S1", "S2", "S3", "S4"], "cpu": ["tiny"]}
@@ -311,7 +311,7 @@ def host_ms(step, device, steps=5, rounds=5) -> float:
     in the launch queue (~1000 deep): true of the NVFP4 and BF16 rows (~40 launches a step).
     One round used to be the figure; it moved by ~0.5 ms between runs (a collection or
     allocator call landing in it shows in one round, not in the median). The fake-quant
-    row's figure came out at ~0.8x its GPU time (runs E10, E11): read it as "the host
+    row's figure came out at ~0.8x its GPU time: read it as "the host
     waited", not as host time (unverified: its launch count was not taken). A step whose
     host time reaches its GPU time is host-bound. With graphs on, a step is the graph
     trees' replays."""
@@ -335,7 +335,7 @@ NVFP4_BYTES = 0.5 + 1 / 16  # per element of an NVFP4 copy: E2M1 code + one E4M3
 def quant_bytes(experts, tokens, hidden, ffn, f1) -> float:
     """Bytes read + written by every cast, amax pass and dequantization of one compiled NVFP4
     training step: recompute on, the Triton target with its fused fc1 and fc2-dgrad kernels,
-    as the backend plans on the H200. Its launches (NOTES.md, "Host overhead"):
+    as the backend plans on the H200. Its launches:
     forward amax x, W1, W2, D (pre + post RHT, one pass: the fc1 kernel gives no amax); casts
     x, W1, W2 (row + column; x's in a row-wise and a column-wise launch, each reading x),
     D (row only), each writing its row-wise copy as the bf16 deq() values the forward GEMMs

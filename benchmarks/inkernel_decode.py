@@ -21,7 +21,7 @@ probe (not persistent, no groups): compare rows with each other, not with torch.
     python benchmarks/inkernel_decode.py                 # S1's two fprop GEMMs, S4's fc1 un-grouped
     python benchmarks/inkernel_decode.py --shapes 16384x2048x4096
 
-On an H100 with Triton 3.6 (benchmarks/results/inkernel_decode_run_AF7.log) decoding in the loop
+On an H100 with Triton 3.6 (benchmarks/results/h100_inkernel_decode.log; docs/decisions.md, "GEMM operands") decoding in the loop
 took 1.4-1.6x the bf16 kernel's time (200-290 us more a GEMM), with or without warp
 specialization, against 3-7 us for the dequantize pass it would save.
 """

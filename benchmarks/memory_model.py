@@ -5,10 +5,10 @@ benchmarks/grouped_mlp.py shape with every kernel launch stubbed (host_overhead.
 uninitialised CPU tensors: the allocations are the GPU run's, the values are not. A
 TorchDispatchMode counts each new storage until its last tensor dies; the script prints
 the peak of live bytes (inputs excluded, Y kept alive through the backward as autograd
-does) and what was alive at it, by allocation site. Run E4's GPU peak for S1 srelu was
-1.11 GiB; this model gave 1132 MiB for the same code. It keeps what an op body allocates
+does) and what was alive at it, by allocation site. The GPU peak for S1 srelu was
+1.11 GiB (2026-11-29); this model gave 1132 MiB for the same code. It keeps what an op body allocates
 alive as the eager body does, longer than Inductor's compiled step, so it can name a peak
-the GPU does not have (run AB2: S4 srelu 1744 MiB here, 1643 on the GPU, where the casts'
+the GPU does not have (S4 srelu 1744 MiB here, 1643 on an H100, where the casts'
 packed copies were already freed; a change it credited with -131 MiB gave -30). What a
 compiled step holds at its GPU peak: ``grouped_mlp.py --peak-alive``.
 

@@ -40,9 +40,9 @@ def is_zero(n) -> bool:
 
 
 # The fewest of out's columns a slice of a weight's bf16 copy is given: each slice's GEMM
-# reads the whole token operand again, which narrower slices did not hide (benchmarks/NOTES.md
-# run M5: the dgrads' weight copies in 256-column slices at S4, +0.3 ms a step; 1024-column
-# ones at S1, no change).
+# reads the whole token operand again, which narrower slices did not hide (the dgrads' weight
+# copies in 256-column slices at S4 cost 0.3 ms a step; 1024-column ones at S1 nothing:
+# docs/decisions.md, "Memory").
 MIN_SLICE_ROWS = 1024
 
 
@@ -56,7 +56,7 @@ def copy_slices(tokens, groups: int, rows: int, min_rows: int = MIN_SLICE_ROWS) 
     At fc1's and fc2's dgrads the weight's copy is an excess over BF16 at the step's memory
     peak (BF16 holds the token-side gradient there too, no copy of a weight). 1 (the whole
     copy) for a data-dependent token count. fc1's dgrad at the benchmark shapes: S1 4, S2 1,
-    S3 2, S4 2 (benchmarks/NOTES.md)."""
+    S3 2, S4 2."""
     hint = size_hint(tokens)
     if not hint:
         return 1

@@ -8,7 +8,7 @@ registered activation its ``act_fn`` / ``_apply_gate`` computes, by evaluating i
 recognition must follow the function, not a release's spelling). ``tiny_causal_lm`` builds
 whole one-layer models of the named families, ``any_tiny_causal_lm`` two-layer models of
 any family its generic settings fit. torchtitan is re-created in moe_models.py
-(its dependencies are too heavy for CI; see README).
+(its dependencies are too heavy for CI; see docs/models.md).
 """
 
 from __future__ import annotations

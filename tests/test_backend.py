@@ -185,8 +185,8 @@ def test_aot_eager_graphs_set_the_launch_allocator_in_their_own_thread(monkeypat
     """With compiler="aot_eager" the traced launches run as ``wrap_triton`` calls, which set
     no Triton allocator (the TMA kernels need one for their descriptors), and autograd may
     run the backward on a thread of its own: the backend sets the allocator in the thread of
-    every graph it runs. The backward here runs on another thread (benchmarks/NOTES.md, run
-    P3: FSDP2 with aot_eager on the H200 failed without)."""
+    every graph it runs. The backward here runs on another thread (FSDP2 with aot_eager on the H200 failed
+    without)."""
     import threading
 
     threads = []
@@ -728,7 +728,7 @@ def test_a_post_grad_pass_the_user_configured_still_runs(user_uuid):
 
 def test_cpp_wrapper_gives_way_to_the_python_wrapper_where_launches_are_traced(use_steps):
     """Inductor's C++ wrapper gives a traced launch one program's Triton global scratch
-    (run I3 on the H200: an illegal memory access in our TMA GEMMs). A user who set it gets
+    (on the H200: an illegal memory access in our TMA GEMMs; docs/decisions.md, "Host time"). A user who set it gets
     the Python wrapper for the graphs whose sites are traced as launches, with a warning
     saying why; graphs without such sites, and trace_launches=False, keep the user's
     setting. The rewritten graph is Dynamo's, with a site on a target that inlines."""

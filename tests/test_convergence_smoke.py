@@ -2,7 +2,7 @@
 the MoE language model with the nvfp4 backend (compiler="aot_eager"): every MoE layer is
 rewritten, the loss is finite and goes down, and recompute on == off bit for bit (losses
 and parameters after the steps); --from-json keeps runs of different seeds apart. The real
-convergence run is on the GPU (README)."""
+convergence run is on the GPU (docs/performance.md, "Convergence on real text")."""
 
 import math
 import os

@@ -5,7 +5,7 @@ the unfused kernels they stand in for, byte for byte:
     grouped_gemm_dact == grouped_gemm_via_bf16 -> activation_backward (dC, dp, regenerated D)
 
 grouped_gemm_via_bf16 (dequantize -> bf16-operand GEMM) is the Triton lowering's fprop/dgrad
-since benchmarks/NOTES.md run P1; the fused kernels share its K loop (``bf16_tile_acc``).
+(docs/decisions.md, "GEMM operands"); the fused kernels share its K loop (``bf16_tile_acc``).
 
 Bit-identity with the unfused kernels is what lets the compiled path use the fused ones
 while eager uses the unfused ones (compiled == eager bitwise). The references are the
@@ -521,7 +521,7 @@ def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, acti
     """The eager GroupedMLP runs the Triton plan's fused steps (``nvfp4::fc1_act_amax``,
     ``nvfp4::fc2_dgrad_act``) where it fuses them: forward and every gradient equal the same
     target's unfused chain byte for byte, SR included (both draw their seeds in the same
-    order), so eager numbers on CUDA did not move; and no op returns an alias (torch rejects one on CUDA and CPU alike; run R0 found such a
+    order), so eager numbers on CUDA did not move; and no op returns an alias (torch rejects one on CUDA and CPU alike; a GPU run found such a
     bug that only the GPU had exercised)."""
     import nvfp4_inductor as nv
     from nvfp4_inductor import lowerings
@@ -557,7 +557,7 @@ def test_eager_chain_on_the_triton_plan_equals_its_unfused_chain(use_steps, acti
 # The Triton launches of one compiled training step of a SwiGLU grouped MLP with router
 # probs, default recipe (RHT, SR, 2D weight blocks, recompute), every fused kernel planned
 # (the H200's plan). Without CUDA graphs such a step is host-bound on the H200
-# (benchmarks/NOTES.md), so a change that adds a launch must change these numbers. The
+# (docs/decisions.md, "Host time"), so a change that adds a launch must change these numbers. The
 # forward's casts: x (row-wise copy as deq() values + column-wise: two launches,
 # config.cast_launches), the weight stacks (one each), D (row only); the backward's: dY and
 # dC (SR, row + column: two launches each) and D's column-wise copy (recompute).

@@ -180,7 +180,7 @@ def test_the_partition_alone_recomputes_fc1_after_the_first_bf16_copies(triton_l
 
 def test_the_cpu_memory_model_sees_the_move_lower_the_backward_peak(triton_launches_inlined, replace_launches):
     """benchmarks/checkpoint_memory.py at the tiny shape (the figures for the real shapes are
-    in benchmarks/NOTES.md): the kernels stubbed, the checkpointed backward's peak is lower
+    in compiler/recompute_order.py's docstring): the kernels stubbed, the checkpointed backward's peak is lower
     with the recompute moved than in the partitioner's order."""
     import os
     import sys

@@ -7,12 +7,11 @@ output is the dact GEMM, which comes after the bf16 copies of its own operands (
 and of W2 where the plan's dact GEMM takes bf16 operands, as at benchmarks/grouped_mlp.py's
 S4): those copies, 640 MiB at S4, were alive through the whole fc1 recompute, with x's and
 W1's bf16 copies. A checkpointed step's peak was 1.46-1.54x BF16's on the H200, against
-1.14-1.19x unchecked (benchmarks/NOTES.md, thirty-first session). Measured on
-benchmarks/checkpoint_memory.py's CPU model, moving the recompute lowers the checkpointed
-backward's peak by 342 MiB (S4 srelu) and 447 MiB (S4 swiglu), 11%; 13-15% at S3; little or
-nothing at S1 and S2 (benchmarks/NOTES.md, thirty-second session). Measured since on an
-H100, the checkpointed step's peak fell to the unchecked step's at S1, S3 and S4 alike
-(1.15-1.25x BF16's; S1 too, where the CPU model saw no gain; thirty-third session).
+1.14-1.19x unchecked. On benchmarks/checkpoint_memory.py's CPU model, moving the recompute
+lowers the checkpointed backward's peak by 342 MiB (S4 srelu) and 447 MiB (S4 swiglu), 11%;
+13-15% at S3; little or nothing at S1 and S2. Measured on an H100, the checkpointed step's
+peak fell to the unchecked step's at S1, S3 and S4 alike (1.15-1.25x BF16's; S1 too, where
+the CPU model saw no gain; docs/performance.md, "H100").
 
 ``hoist_site_recompute`` moves the recomputed nodes that feed each site's backward to just
 before that backward's first node, its stochastic-rounding seed draw

@@ -15,8 +15,8 @@ and no rounding happens anywhere (numerics.md 7).
 One launch per GEMM: both operands of every GEMM here have the same packed width (fprop /
 dgrad: K-major, K = H or F; wgrad: rows of P padded tokens), so one grid covers the row
 blocks of a, then those of b, and each program picks its operand from its row-block
-index (a compiled training step makes 6 such launches instead of 12: host time on the
-H200, benchmarks/NOTES.md). The two outputs are separate tensors: an op may not return
+index (a compiled training step makes 6 such launches instead of 12: fewer launches, less
+host time). The two outputs are separate tensors: an op may not return
 aliases of each other. A single operand is the pair with an empty b.
 
 Arithmetic: integer bit placement, no fp8 casts:

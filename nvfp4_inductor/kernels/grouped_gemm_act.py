@@ -11,8 +11,8 @@ grouped_gemm_via_bf16's (same tile config, same K loop).
 
 D's amaxes are not computed here: ``group_hadamard_amax`` reads D once after this kernel.
 An epilogue that stored D, then read each tile back for its post-RHT amax, cost more than
-that pass (run X1 of benchmarks/NOTES.md: at S4 0.678 ms against 0.484 ms without it, the
-pass 0.046 ms; the read-back made ptxas spill), so the Triton target does not offer
+that pass (docs/decisions.md, "GEMM operands": the read-back made ptxas spill), so the
+Triton target does not offer
 ``Capabilities.fused_amax``.
 
 Why the bits match:
@@ -30,13 +30,13 @@ Why the bits match:
 
 SwiGLU: program (tm, tn) owns D's columns tn * BN + [0, BN) and computes both halves of
 C that feed them (gate columns j, up columns F + j) in one K loop with two accumulators
-(``grouped_gemm_bf16.bf16_tile_accs``: each x tile loaded once for both; until run O2 two
-K loops, one per half, loaded x twice). When F % BN != 0 the up
+(``grouped_gemm_bf16.bf16_tile_accs``: each x tile loaded once for both, where two K loops
+loaded it twice; docs/decisions.md, "GEMM operands"). When F % BN != 0 the up
 column F + j sits at another position of its tile than in the unfused GEMM, so the bits
 match only if an MMA's result for an element does not depend on its column in the tile:
 true of the interpreter (``grouped_gemm_bf16._mma`` sums each K step exactly) and of the
-H200 (tests/test_kernels_epilogue.py::test_gpu_k_order_and_unaligned_f, runs E4 and E5 of
-benchmarks/NOTES.md, also with act/dact tiles narrower than the unfused GEMM's).
+H200 (tests/test_kernels_epilogue.py::test_gpu_k_order_and_unaligned_f, also with act/dact
+tiles narrower than the unfused GEMM's).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ the first slice (2 x slices launches; the same bits, each output element the sam
 Twins: ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch`` (same arguments and
 return types; results equal up to fp32 accumulation order). The bf16 copies are transient
 (made and freed inside the call, never saved for backward). Both are the Triton lowering's
-GEMMs since benchmarks/NOTES.md run P1 (1.3-2.25x faster on the H200 than dequantizing in
-registers inside the K loop, a path since removed). The fprop K loop is one helper,
+GEMMs: 1.3-2.25x faster on the H200 than dequantizing in registers inside the K loop, a
+path since removed (docs/decisions.md, "GEMM operands: dequantize, then bf16 GEMM"). The fprop K loop is one helper,
 ``bf16_tile_acc``, called by ``_grouped_gemm_bf16_kernel`` and by the fused epilogue
 kernels (grouped_gemm_act.py, grouped_gemm_dact.py), so fused and unfused C/G are equal
 bit for bit whatever tile each uses (the K order is natural in all of them).
@@ -34,7 +34,7 @@ from the device-side group sizes, M fastest within bands of ``band_m`` M tiles;
   tail is masked, and only when K % BK != 0 (fprop) or at each group's last K step (wgrad);
   Triton pipelines the loads with cp.async over ``num_stages``.
 * TMA (``tma=True``, CUDA only; the default of the fprop, act and dact kernels, 3-19% faster
-  there, benchmarks/NOTES.md run O1): per-tile device-side tensor descriptors
+  there: docs/decisions.md, "Tile choices"): per-tile device-side tensor descriptors
   (``tl.make_tensor_descriptor``) whose shape ends at the group's last row (fprop) or the
   group's last padded token (wgrad), so the copy engine zero-fills past it; the
   descriptors live in a global scratch buffer Triton asks its allocator for (``use_tma``).
