@@ -159,3 +159,16 @@ def test_readme_quick_start_prints_what_it_shows():
             continue
         assert line in printed[at:], f"README's quick-start excerpt line not printed (in order):\n{line}\n\noutput:\n{run.stdout}"
         at = printed.index(line, at) + 1
+
+
+def test_each_kept_result_is_cited_and_each_cited_result_is_kept():
+    """benchmarks/results/ holds the evidence the docs cite, nothing more: each file there is
+    named in README.md or docs/, and each file a tracked text names there exists."""
+    docs_text = "".join((ROOT / doc).read_text() for doc in DOCS)
+    kept = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split()
+    uncited = [name for name in kept if pathlib.Path(name).name not in docs_text]
+    assert not uncited, f"result files no doc cites (cite them from docs/performance.md or docs/decisions.md, or remove them): {uncited}"
+    missing = sorted({f"{name}: {cited}" for name, text in tracked_text_files() if name != "tests/test_docs.py"
+                      for cited in re.findall(r"benchmarks/results/[\w.-]+\.\w+", text) if not (ROOT / cited).exists()})
+    assert not missing, f"cited result files that are not in the tree: {missing}"
