@@ -27,9 +27,10 @@ Runs (``--runs``, any subset):
   no_rht       Recipe(rht=False)
   no_sr        Recipe(stochastic_rounding=False)
   w1x16        Recipe(block_2d=False): weights in 1x16 blocks like activations
+  last_bf16    default recipe, the last MoE layer kept in BF16 (nv.Precision(last_moe_layers_bf16=1))
 
     PYTHONPATH=. python benchmarks/convergence.py [--steps N] [--layers L] [--hidden H]
-        [--experts E] [--runs bf16 nvfp4 ...] [--device cuda] [--out benchmarks/results/convergence]
+        [--experts E] [--runs bf16 nvfp4 ...] [--seeds 0 1 2] [--device cuda] [--out results/convergence]
     PYTHONPATH=. python benchmarks/convergence.py --from-json a.json b.json --out ...   # merge, table, plot
 
 Output: a table (train loss as the mean of the last 20 steps, final validation loss, its
@@ -67,7 +68,9 @@ RUNS = {  # name -> (label, recipe kwargs or None for bf16, recompute)
     "no_rht": ("NVFP4, no RHT", {"rht": False}, True),
     "no_sr": ("NVFP4, no stochastic rounding", {"stochastic_rounding": False}, True),
     "w1x16": ("NVFP4, 1x16 weight blocks", {"block_2d": False}, True),
+    "last_bf16": ("NVFP4, last MoE layer in BF16", {}, True),
 }
+PRECISION = {"last_bf16": dict(last_moe_layers_bf16=1)}  # run -> nv.Precision's arguments
 
 
 # ----------------------------------------------------------------------------- data
@@ -249,7 +252,8 @@ def compile_model(model, run, compiler):
     if recipe is None:
         return torch.compile(model, backend=compiler)
     return torch.compile(model, backend=nv.backend(recipe=nv.Recipe(**recipe), recompute=recompute,
-                                                      compiler=compiler))
+                                                      compiler=compiler,
+                                                      precision=nv.Precision(**PRECISION.get(run, {}))))
 
 
 def explain_sites(cfg, device, batch=2):
@@ -377,6 +381,32 @@ def table(results):
                          "bitwise == nvfp4"], rows)
 
 
+def summary(results):
+    """Per run over its seeds: the mean final validation loss, its spread (max - min) and
+    the mean gap to BF16; and whether the recipes separate: each gap larger than BF16's own
+    spread across seeds (None with one seed)."""
+    from nvfp4_inductor.inspection import format_table
+    finals = {}
+    for r in results:
+        finals.setdefault(r["run"], []).append(r["final_val"])
+    if len(seeds_of(results)) < 2 or "bf16" not in finals:
+        return None, None
+    bf16 = sum(finals["bf16"]) / len(finals["bf16"])
+    spread = {run: max(v) - min(v) for run, v in finals.items()}
+    rows, separate = [], True
+    for run, values in finals.items():
+        mean = sum(values) / len(values)
+        gap = mean - bf16
+        if run != "bf16":
+            separate &= abs(gap) > spread["bf16"]
+        rows.append([run, len(values), f"{mean:.4f}", f"{spread[run]:.4f}",
+                     "-" if run == "bf16" else f"{100 * gap / bf16:+.2f}%"])
+    text = format_table(["run", "seeds", "mean final val", "spread (max - min)", "mean vs bf16"], rows)
+    verdict = (f"BF16's spread across seeds is {spread['bf16']:.4f} ({100 * spread['bf16'] / bf16:.2f}%): the runs "
+               + ("separate (every mean gap is larger)" if separate else "do not separate at this length"))
+    return text, verdict
+
+
 def plot(results, path, title):
     """PNG of the train (smoothed) and validation curves; None when matplotlib is missing."""
     try:
@@ -453,6 +483,7 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     ap.add_argument("--eval-batches", type=int, default=TrainConfig.eval_batches)
     ap.add_argument("--seed", type=int, default=TrainConfig.seed)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="run every run for each of these seeds")
     ap.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--max-files", type=int, default=None, help="use the first N stdlib files only")
@@ -504,8 +535,14 @@ def main(argv=None):
                 "argv": sys.argv[1:] if argv is None else argv,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         results, models = [], {}
-        for run in a.runs:
-            res, model = train_run(run, cfg, tc, train, val, a.device, progress=not a.no_progress)
+        seeds = a.seeds or [a.seed]
+        if len(seeds) > 1:
+            meta["seeds"] = seeds
+        for seed, run in [(seed, run) for seed in seeds for run in a.runs]:
+            if run == a.runs[0]:
+                models = {}  # the bitwise check compares runs of one seed
+            res, model = train_run(run, cfg, dataclasses.replace(tc, seed=seed), train, val, a.device,
+                                   progress=not a.no_progress)
             results.append(res)
             if run in ("nvfp4", "nvfp4_save_d"):
                 models[run] = (res, model)
@@ -516,6 +553,10 @@ def main(argv=None):
                                                                                     *models["nvfp4_save_d"])
             _write_json(out, meta, results)  # after every run: a run cut short keeps the finished ones
     print(table(results))
+    text, verdict = summary(results)
+    if text:
+        print(text)
+        print(verdict)
     _write_json(out, meta, results)
     m = meta["model"]
     title = (f"{m['layers']} layers, hidden {m['hidden']}, {m['experts']} experts top-{m['top_k']}, "

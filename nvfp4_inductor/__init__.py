@@ -5,9 +5,11 @@
     nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (docs/numerics.md 1-4)
     nvfp4_inductor.explain / dump_code / compare      # look inside and check, bitwise
     nvfp4_inductor.reuse_weight_casts                 # cast weights once per optimizer step
+    nvfp4_inductor.Precision                          # which expert layers train in NVFP4 (backend option)
 """
 
 from .compiler.backend import backend, register
+from .compiler.precision import Precision, SiteInfo
 from .inspection import compare, dump_code, explain
 from .nn import GroupedMLP, grouped_mlp
 from .quantize import group_quantize, quantize
@@ -22,7 +24,9 @@ __all__ = [
     "NVFP4GroupedTensor",
     "NVFP4Tensor",
     "NVFP4WeightStack",
+    "Precision",
     "Recipe",
+    "SiteInfo",
     "backend",
     "compare",
     "dump_code",

@@ -9,6 +9,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import convergence as cv  # noqa: E402
@@ -74,3 +75,38 @@ def test_merge_keeps_seeds_apart(tmp_path, capsys):
     cv.main(["--from-json", str(paths[0]), "--out", str(tmp_path / "one"), "--device", "cpu"])
     text = capsys.readouterr().out
     assert "bf16 s0" not in text and "+1.00%" in text, text
+
+
+def test_summary_says_whether_the_runs_separate():
+    """Mean and spread per run over seeds; a gap inside BF16's own seed spread does not separate."""
+    def results(finals):
+        return [{"run": run, "seed": seed, "final_val": v} for seed, row in enumerate(finals)
+                for run, v in row.items()]
+
+    close = results([{"bf16": 1.00, "nvfp4": 1.01}, {"bf16": 1.05, "nvfp4": 1.04}])
+    text, verdict = cv.summary(close)
+    assert "1.0250" in text and "0.0500" in text and "do not separate" in verdict, (text, verdict)
+    apart = results([{"bf16": 1.00, "last_bf16": 1.02, "nvfp4": 1.05}, {"bf16": 1.01, "last_bf16": 1.03, "nvfp4": 1.06}])
+    _, verdict = cv.summary(apart)
+    assert "0.0100" in verdict and verdict.endswith("(every mean gap is larger)"), verdict
+    assert cv.summary(results([{"bf16": 1.0, "nvfp4": 1.1}])) == (None, None)
+
+
+def test_the_last_bf16_run_keeps_the_last_moe_layer():
+    model = cv.build_model(CFG, 0, "cpu")
+    records = []
+    from nvfp4_inductor.compiler import backend as backend_mod
+    original = backend_mod.rewrite_graph
+
+    def spy(gm, options, site_call=None):
+        records.append(original(gm, options, site_call))
+        return records[-1]
+
+    backend_mod.rewrite_graph = spy
+    try:
+        idx = torch.randint(0, CFG.vocab, (2, CFG.seq))
+        cv.compile_model(model, "last_bf16", "aot_eager")(idx, idx)
+    finally:
+        backend_mod.rewrite_graph = original
+    assert [len(r.sites) for r in records] == [CFG.layers - 1]
+    assert [d.rule for r in records for _, d in r.kept] == ["last_moe_layers_bf16=1"]

@@ -32,6 +32,7 @@ from .fused import fused_grouped_mlp, site_options
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
+from .precision import Precision, SiteDecision, bf16_grouped_mlp, site_infos
 from .recompute_order import hoist_site_recompute
 from .rewrite import find_sites, graph_modules, rewrite_sites, unreached_sites
 from .site import Rejection, Site
@@ -43,13 +44,16 @@ BACKEND_NAME = "nvfp4"
 class CompiledGraphRecord:
     """What one backend call did, for ``explain``: each site with its plan, the call node
     that replaced it and the higher-order ops whose body it is in (``rewrite.BODY_HOPS``,
-    outermost first; () in the graph itself), and each rejection."""
+    outermost first; () in the graph itself), and each rejection; each site the precision
+    policy kept in BF16 with its decision, and the decision of each rewritten site."""
 
     sites: list[tuple[Site, Plan]]
     call_nodes: list[torch.fx.Node]
     rejections: list[Rejection]
     options: BackendOptions
     regions: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+    kept: list[tuple[Site, SiteDecision]] = dataclasses.field(default_factory=list)
+    decisions: list[SiteDecision] = dataclasses.field(default_factory=list)
 
 
 class _ChainedPass(CustomGraphPass):
@@ -121,9 +125,12 @@ def _site_call(options: BackendOptions, plan: Plan) -> tuple:
     return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan, options.reuse_weight_casts)
 
 
-def _options_for(site: Site, options: BackendOptions) -> BackendOptions:
-    """A ``grouped_mlp``/``GroupedMLP`` call keeps the recipe its caller gave it; plain
+def _options_for(site: Site, options: BackendOptions, decision: SiteDecision) -> BackendOptions:
+    """The precision policy's recipe for the site where it gives one; else a
+    ``grouped_mlp``/``GroupedMLP`` call keeps the recipe its caller gave it, and plain
     spellings take the backend's."""
+    if decision.recipe is not None:
+        return dataclasses.replace(options, recipe=decision.recipe)
     if site.spelling != "grouped_mlp_module":
         return options
     recipe_node = recipe_call(site.output)
@@ -160,20 +167,34 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     record = CompiledGraphRecord([], [], [], options)
     counters["nvfp4"]["graphs"] += 1
     modules = graph_modules(gm)  # the graph, then the bodies of checkpointed / nested regions
-    for module, inside in modules:
-        sites, rejections = find_sites(module)
+    found = [(module, inside, *find_sites(module)) for module, inside in modules]
+    # the precision policy sees every site of the graph at once: it counts MoE layers
+    decisions = iter(options.precision.decide(site_infos(
+        [site for _, _, sites, _ in found for site in sites], options.precision.moe_layers)))
+    for module, inside, sites, rejections in found:
         record.rejections.extend(rejections)
-        counters["nvfp4"]["sites_rewritten"] += len(sites)
-        calls = []
+        rewritten, calls = [], []
         for site in sites:
+            decision = next(decisions)
+            if not decision.nvfp4:
+                record.kept.append((site, decision))
+                counters["nvfp4"]["sites_kept_bf16"] += 1
+                if site.spelling == "grouped_mlp_module":  # NVFP4 by construction: its block in BF16
+                    rewritten.append(site)
+                    calls.append((bf16_grouped_mlp, {}))
+                continue
+            counters["nvfp4"]["sites_rewritten"] += 1
             counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
-            site_backend_options = _options_for(site, options)
+            site_backend_options = _options_for(site, options, decision)
             plan = plan_for(site, device, site_backend_options.recipe)
+            rewritten.append(site)
             calls.append((site_call or _site_call)(site_backend_options, plan))
             record.sites.append((site, plan))
             record.regions.append(inside)
-        record.call_nodes.extend(rewrite_sites(module, sites, make_call=[fn for fn, _ in calls],
-                                               call_options=[kwargs for _, kwargs in calls]))
+            record.decisions.append(decision)
+        nodes = rewrite_sites(module, rewritten, make_call=[fn for fn, _ in calls],
+                              call_options=[kwargs for _, kwargs in calls])
+        record.call_nodes.extend(node for node, (fn, _) in zip(nodes, calls) if fn is not bf16_grouped_mlp)
     record.rejections.extend(unreached_sites(modules))  # sites in other higher-order ops' bodies: reported
     counters["nvfp4"]["sites_rejected"] += len(record.rejections)
     for rejection in record.rejections:
@@ -332,17 +353,18 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
 
 
 def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor",
-            trace_launches: bool = True, reuse_weight_casts: bool = False):
+            trace_launches: bool = True, reuse_weight_casts: bool = False, precision: Optional[Precision] = None):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
     runs the compiled graphs under CUDA graph trees, as with stock Inductor; each replay
     draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
-                                       "trace_launches": trace_launches, "reuse_weight_casts": reuse_weight_casts})
+                                       "trace_launches": trace_launches, "reuse_weight_casts": reuse_weight_casts,
+                                       "precision": precision or Precision()})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
-        given = {**dataclasses.asdict(configured), "recipe": configured.recipe, **(options or {})}
+        given = {**{f.name: getattr(configured, f.name) for f in dataclasses.fields(configured)}, **(options or {})}
         return compile_graph(gm, example_inputs, BackendOptions.parse(given), mode=mode)
 
     return nvfp4_configured

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Optional
 
 from ..recipe import Recipe
+from .precision import Precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +28,16 @@ class BackendOptions:
         (``nvfp4::quantize_weights_from``) that, inside a ``nvfp4_inductor.reuse_weight_casts()``
         block, reuses the copies the block kept from its first cast of that stack: the
         micro-batches of one optimizer step cast the weights once (``weight_cache.py``). Same
-        bits; False (default) casts inside the traced op, with kernels Inductor launches."""
+        bits; False (default) casts inside the traced op, with kernels Inductor launches.
+    precision: which sites run NVFP4 and with which recipe (``precision.Precision``; default:
+        every site, with ``recipe``); the others stay in BF16, compiled as stock Inductor does."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
     compiler: str = "inductor"
     trace_launches: bool = True
     reuse_weight_casts: bool = False
+    precision: Precision = dataclasses.field(default_factory=Precision)
 
     @classmethod
     def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
@@ -55,4 +59,7 @@ class BackendOptions:
         for name, value in flags.items():
             if not isinstance(value, bool):
                 raise ValueError(f"option '{name}' must be a bool; got {value!r}")
-        return cls(recipe=recipe, recompute=recompute, compiler=compiler, **flags)
+        precision = options.get("precision", Precision())
+        if not isinstance(precision, Precision):
+            raise ValueError(f"option 'precision' must be an nvfp4_inductor.Precision; got {type(precision).__name__}")
+        return cls(recipe=recipe, recompute=recompute, compiler=compiler, precision=precision, **flags)
