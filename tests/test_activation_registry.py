@@ -45,7 +45,7 @@ def _relu_backward(gp, c, scale):
 
 
 RELU = Activation("relu", gated=False, takes_scale=False, forward=_relu_forward, backward=_relu_backward,
-                  pattern=op("relu", H))
+                  pattern=op("relu", H), zero_at_zero=True)
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def test_duplicate_registration_raises(relu_registered):
     srelu = get_activation("srelu")
     with pytest.raises(ValueError, match="triton_code 0 of 'srelu2' is 'srelu'"):
         register_activation(Activation("srelu2", False, False, srelu.forward, srelu.backward, srelu.pattern,
-                                       triton_code=0))
+                                       True, triton_code=0))
     assert activation_names() == ("srelu", "tanh_srelu", "swiglu", "relu")
 
 
@@ -169,7 +169,7 @@ def test_duplicate_registration_raises(relu_registered):
 ])
 def test_pattern_must_fit_the_entry(gated, takes_scale, pattern, match):
     with pytest.raises(ValueError, match=match):
-        Activation("bad", gated, takes_scale, _relu_forward, _relu_backward, pattern)
+        Activation("bad", gated, takes_scale, _relu_forward, _relu_backward, pattern, True)
 
 
 def test_pattern_ops_are_checked():
