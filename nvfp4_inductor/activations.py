@@ -175,7 +175,8 @@ class Activation:
 
     def _check_triton_code(self) -> None:
         """The kernels branch on triton_code: it must be one of theirs, for this function."""
-        found = triton_branch(self.triton_code) if isinstance(self.triton_code, int) else None
+        is_int = isinstance(self.triton_code, int) and not isinstance(self.triton_code, bool)
+        found = triton_branch(self.triton_code) if is_int else None
         if found is None:
             codes = ", ".join(f"{b.code} ({n})" for n, b in TRITON_BRANCHES.items())
             raise ValueError(
