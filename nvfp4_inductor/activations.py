@@ -4,8 +4,10 @@ finds the registered activations in Dynamo graphs; ``kernels/activation.py`` run
 Triton.
 
 Adding an activation is one ``register_activation(Activation(...))`` (its name, shape,
-reference math, FX pattern and Triton code, below) plus, if it gets one, its Triton kernel
-branch; everything that checks, matches, sizes or runs an activation reads the registry.
+reference math, FX pattern, whether it is 0 at 0, and Triton code, below); a Triton code
+names one of the kernels' branches (``TRITON_BRANCHES``), so an activation the kernels do
+not compute yet first needs its branch there. Everything that checks, matches, sizes or
+runs an activation reads the registry.
 
 The reference math runs in fp32, and its operation order is the contract: every kernel
 epilogue reproduces it operation for operation. Inputs are GEMM outputs already rounded to
@@ -86,6 +88,36 @@ def op(name: str, *args: Pattern) -> Op:
     return Op(name, args)
 
 
+# ----------------------------------------------------------------------------- Triton branches
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonBranch:
+    """One activation the Triton kernels compute: ``code`` is the ACT constexpr its branch
+    runs on, ``pattern`` the function that branch computes (operation for operation as the
+    reference forward of the entry with that pattern)."""
+
+    code: int
+    pattern: Op
+
+
+# Every activation branch of the Triton kernels (kernels/activation.py, the fused fc1 and
+# fc2-dgrad epilogues), by the name of its constant there. The kernels read their codes from
+# here and branch on each explicitly (any other code fails their static assertion), and an
+# entry's triton_code must be one of these codes with that code's pattern: a code promises
+# what the kernel computes. Here, below the kernels, because the registry checks it.
+TRITON_BRANCHES = {
+    "srelu": TritonBranch(0, op("square", op("relu", H))),
+    "tanh_srelu": TritonBranch(1, op("square", op("mul", S, op("tanh", op("div", op("relu", H), S))))),
+    "swiglu": TritonBranch(2, op("mul", op("silu", GATE), UP)),
+}
+
+
+def triton_branch(code: int) -> tuple[str, TritonBranch] | None:
+    """``(name, branch)`` of the kernels' branch on ``code``, None if they have none."""
+    return next(((n, b) for n, b in TRITON_BRANCHES.items() if b.code == code), None)
+
+
 # ----------------------------------------------------------------------------- the registry
 
 
@@ -106,9 +138,15 @@ class Activation:
     pattern: the function as an expression over PATTERN_OPS with leaves H (not gated) or
         GATE and UP (gated), and S (exactly when takes_scale): what
         compiler/match_activation.py looks for in FX graphs, in every spelling it knows.
-    triton_code: the ACT constexpr the Triton kernels branch on (kernels/activation.py, the
-        fused fc1 and fc2-dgrad epilogues); None: there is no Triton kernel, and the Triton
-        target's unfused activation steps run ``forward`` / ``backward``.
+    zero_at_zero: f is 0 on a row of zeros (+0 or -0): f(0) == 0, and for a gated
+        activation f is 0 where the gate row or the up row alone is 0 (a row mask may zero
+        one of two separate fc1 GEMMs). Only then does a row mask on fc1's output fold into
+        the router prob (compiler/match_activation.py); ``register_activation`` checks it
+        against ``forward`` (exactly at 0; a gated one's other half on probe values).
+    triton_code: the ACT constexpr of the Triton kernels' branch that computes this
+        activation, one of ``TRITON_BRANCHES`` with the same pattern; None: there is no
+        Triton kernel, and the Triton target's unfused activation steps run ``forward`` /
+        ``backward``.
     """
 
     name: str
@@ -117,6 +155,7 @@ class Activation:
     forward: Callable[[torch.Tensor, Optional[float]], torch.Tensor]
     backward: Callable[[torch.Tensor, torch.Tensor, Optional[float]], tuple[torch.Tensor, torch.Tensor]]
     pattern: Op
+    zero_at_zero: bool
     triton_code: Optional[int] = None
 
     def __post_init__(self):
@@ -129,8 +168,26 @@ class Activation:
             raise ValueError(
                 f"Activation.pattern of {self.name!r} (gated={self.gated}, takes_scale={self.takes_scale}) "
                 f"must use exactly {sorted(want)}; got {self.pattern!r}")
-        if self.triton_code is not None and not isinstance(self.triton_code, int):
-            raise ValueError(f"Activation.triton_code must be an int or None; got {self.triton_code!r}")
+        if not isinstance(self.zero_at_zero, bool):
+            raise ValueError(f"Activation.zero_at_zero of {self.name!r} must be a bool; got {self.zero_at_zero!r}")
+        if self.triton_code is not None:
+            self._check_triton_code()
+
+    def _check_triton_code(self) -> None:
+        """The kernels branch on triton_code: it must be one of theirs, for this function."""
+        is_int = isinstance(self.triton_code, int) and not isinstance(self.triton_code, bool)
+        found = triton_branch(self.triton_code) if is_int else None
+        if found is None:
+            codes = ", ".join(f"{b.code} ({n})" for n, b in TRITON_BRANCHES.items())
+            raise ValueError(
+                f"Activation.triton_code of {self.name!r} must be None or the code of a Triton kernel branch, "
+                f"one of {codes}; got {self.triton_code!r}. The kernels compute no other activation: a new one "
+                f"needs its branch in kernels/activation.py and its entry in activations.TRITON_BRANCHES first")
+        name, branch = found
+        if branch.pattern != self.pattern:
+            raise ValueError(
+                f"Activation.triton_code {self.triton_code} of {self.name!r} is the Triton kernels' {name} branch, "
+                f"which computes {branch.pattern!r}; the entry's pattern is {self.pattern!r}")
 
 
 _REGISTRY: dict[str, Activation] = {}
@@ -145,8 +202,36 @@ def register_activation(entry: Activation) -> Activation:
     taken = [e.name for e in _REGISTRY.values() if entry.triton_code is not None and e.triton_code == entry.triton_code]
     if taken:
         raise ValueError(f"Activation.triton_code {entry.triton_code} of {entry.name!r} is {taken[0]!r}'s already")
+    nonzero = _nonzero_at_zero(entry)
+    if entry.zero_at_zero != (nonzero is None):
+        found = f"gives {nonzero}" if nonzero else "gives 0 on every zero row"
+        raise ValueError(f"Activation.zero_at_zero of {entry.name!r} is {entry.zero_at_zero}, but its forward {found}")
     _REGISTRY[entry.name] = entry
     return entry
+
+
+# Values for the other half of a gated activation's zero-row probe: both signs, below and
+# above 1, large.
+_PROBE = (-1e4, -2.5, -0.5, 0.25, 1.0, 3.0, 1e4)
+
+
+def _nonzero_at_zero(entry: Activation) -> Optional[str]:
+    """Where ``entry.forward`` is not 0 on a zero row (described), or None: rows of +0 and
+    -0 (exact: f(0) is what the forward computes at 0), and for a gated activation a zero
+    gate or up row beside probe values (``_PROBE``); at scales 0.5 and 4 when it takes one."""
+    zero = torch.tensor([0.0, -0.0] * (len(_PROBE) // 2) + [0.0])
+    probe = torch.tensor(_PROBE)
+    rows = [("0", zero)]
+    if entry.gated:
+        rows = [("gate = up = 0", torch.cat((zero, zero))), ("gate = 0", torch.cat((zero, probe))),
+                ("up = 0", torch.cat((probe, zero)))]
+    for scale in (0.5, 4.0) if entry.takes_scale else (None,):
+        for what, c in rows:
+            f = entry.forward(c.unsqueeze(0), scale)
+            if not bool((f == 0).all()):
+                at = f" at scale {scale}" if scale is not None else ""
+                return f"{f.flatten().tolist()} where {what}{at}"
+    return None
 
 
 def unregister_activation(name: str) -> Activation:
@@ -208,17 +293,18 @@ def _swiglu_backward(gp: torch.Tensor, c: torch.Tensor, scale: None) -> tuple[to
     return torch.cat((gp * (u * (sg * (1 + a * (1 - sg)))), gp * si), dim=-1), si * u
 
 
-# The built-ins. triton_code: the values kernels/activation.py's _SRELU / _TANH_SRELU /
-# _SWIGLU take (it reads them from here).
+# The built-ins: each 0 at 0 (relu(0) = 0; tanh(0) = 0; silu(0) * u = a * 0 = 0), each
+# computed by its branch of the Triton kernels.
 SRELU = register_activation(Activation(
     "srelu", gated=False, takes_scale=False, forward=_srelu_forward, backward=_srelu_backward,
-    pattern=op("square", op("relu", H)), triton_code=0))
+    pattern=TRITON_BRANCHES["srelu"].pattern, zero_at_zero=True, triton_code=TRITON_BRANCHES["srelu"].code))
 TANH_SRELU = register_activation(Activation(
     "tanh_srelu", gated=False, takes_scale=True, forward=_tanh_srelu_forward, backward=_tanh_srelu_backward,
-    pattern=op("square", op("mul", S, op("tanh", op("div", op("relu", H), S)))), triton_code=1))
+    pattern=TRITON_BRANCHES["tanh_srelu"].pattern, zero_at_zero=True,
+    triton_code=TRITON_BRANCHES["tanh_srelu"].code))
 SWIGLU = register_activation(Activation(
     "swiglu", gated=True, takes_scale=False, forward=_swiglu_forward, backward=_swiglu_backward,
-    pattern=op("mul", op("silu", GATE), UP), triton_code=2))
+    pattern=TRITON_BRANCHES["swiglu"].pattern, zero_at_zero=True, triton_code=TRITON_BRANCHES["swiglu"].code))
 
 
 def activation_forward(

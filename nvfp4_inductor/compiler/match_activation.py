@@ -32,11 +32,18 @@ S)))) and swiglu = mul(silu(GATE), UP); and, after fc2 (``match_output_prob``):
     y = fc2_out [.to(fp32)] * p [.to(bf16)]
 
 Row masks (``nodes.RowMask``: ``masked_fill(m, 0)`` / ``masked_fill_`` / ``where(m, 0, .)``
-/ ``* m.to(dtype)`` with a bool (T, 1) column m) on an fc1 output, on D, or on the fc2
-output before or after the prob are part of the block: they are returned with the match
-and the rewrite folds them into the prob as zeros. SReLU, tanh-SReLU and SwiGLU are 0 at
-0 (silu(0) * 0 = 0), so zeroing C's row, D's row or Y's row all give Y's row = 0 and
-dprob = 0 there, as zeroing the row's prob does.
+/ ``* m.to(dtype)`` with a bool (T, 1) column m) on D (before or after the prob), on the
+fc2 output (before or after the prob; ``match_output_prob``) or on an fc1 output are part
+of the block: they are returned with the match and the rewrite folds them into the prob
+as zeros, which gives the masked rows D = f(C) * 0 = 0, Y = 0 and dprob = 0 (the
+masked_fill on the prob). That is the model's function:
+* a mask on D or on Y zeroes D's or Y's row, whatever f: the same rows and dprob = 0;
+* a mask on C gives the row D = f(0) * p, which is 0 only for an activation that is 0 at
+  0 (``Activation.zero_at_zero``; every built-in: relu(0) = tanh(0) = silu(0) * u = 0).
+  For any other activation the site is rejected with that reason and runs as written;
+* a mask inside the activation's expression (in place on one of its intermediates) would
+  need the rest of the expression to be 0 at 0, which the registry does not record: the
+  site is rejected.
 """
 
 from __future__ import annotations
@@ -74,7 +81,8 @@ class ActivationMatch:
     gate_second: a gated activation on one fc1 output whose second half is the gate.
     probs: the (T, 1)-shaped prob column multiplied on the activation, or None.
     nodes: the nodes of the region (from the fc1 outputs' users to fc2's input).
-    masks: the row masks on the fc1 outputs and on D (in the region's nodes too).
+    masks: the row masks on the fc1 outputs and on D (in the region's nodes too), each
+        one that folds into the prob (module docstring).
     """
 
     activation: str
@@ -98,6 +106,7 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
         nodes.append(d)
         probs, d = column
         d = strip_row_masks(d, masks, nodes)
+    d_side = {*nodes, d}  # D (the activation's output) and the nodes from it to fc2's input
     reasons: list[str] = []
     for name in activation_names():
         found = _match_entry(get_activation(name), d, is_gemm, reasons)
@@ -108,20 +117,37 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
         listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
         return reasons[0] if reasons else f"activation {describe_region(fc2_input, is_gemm)} is not {listed}"
     activation, scale, fc1_outputs, gate_second, region = found
-    gemms = []
+    gemms, on_c = [], []
     for h in fc1_outputs:
-        gemm = strip_row_masks(h, masks, nodes)
+        gemm = strip_row_masks(h, on_c, nodes)
         if not is_gemm(gemm):
             return (f"activation input `{gemm.name}` ({op_name(gemm)}{not_a_row_mask(gemm)}) is not the output "
                     f"of the fc1 grouped GEMM")
         gemms.append(gemm)
+    masks += on_c
     region = [*nodes, *region]
     for node in (*gemms, *region):  # in-place masks: ``h.masked_fill_(m, 0)``
         for mask in inplace_row_masks(node):
+            if _holds_fc1_output(node, is_gemm):
+                on_c.append(mask)
+            elif node not in d_side:
+                return (f"row mask `{mask.node.name}` on `{node.name}`, inside the activation {activation}: only "
+                        f"masks on fc1's output, on D or on fc2's output fold into the router prob")
             masks.append(mask)
             region.append(mask.node)
+    if on_c and not get_activation(activation).zero_at_zero:
+        return (f"row mask `{on_c[0].node.name}` on the fc1 output: {activation} is not 0 at 0 "
+                f"(Activation.zero_at_zero), so the masked rows' D = f(0) * p is not 0 and the mask cannot fold "
+                f"into the router prob")
     return ActivationMatch(activation, scale, tuple(gemms), gate_second, probs,
                            tuple(dict.fromkeys(region)), tuple(dict.fromkeys(masks)))
+
+
+def _holds_fc1_output(node: Node, is_gemm) -> bool:
+    """``node`` is an fc1 output, or one half of one (casts and row masks looked through)."""
+    node = strip_row_masks(node)
+    half = _half(node, [])
+    return is_gemm(strip_row_masks(half[0]) if half is not None else node)
 
 
 def match_output_prob(fc2_out: Node) -> tuple[Node | None, Node, tuple[Node, ...], tuple[RowMask, ...]]:

@@ -7,7 +7,7 @@ as transformers' ``grouped_mm_fallback``, counts as one)::
     [x.masked_fill_(m, 0)]                                    # row masks on x stay in the graph
     h = _grouped_mm(x, W1.transpose(-2, -1), offs=offs)      # W1 (G, F1, H), or W1 (G, H, F1) untransposed
       | gate = _grouped_mm(x, Wg.mT, offs)  up = _grouped_mm(x, Wu.mT, offs)   # torchtitan w1 / w3
-    [h = h.masked_fill(m, 0)]                                 # row masks: folded into the prob
+    [h = h.masked_fill(m, 0)]                                 # row masks: folded into the prob (f(0) = 0)
     d = f(h) [* p[:, None]]                                   # see match_activation.py
     y = _grouped_mm(d, W2.transpose(-2, -1), offs=offs)       # the SAME offs node
     [y = y.masked_fill(m, 0)]

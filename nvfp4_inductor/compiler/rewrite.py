@@ -262,7 +262,9 @@ class _Inserter:
     def fold_row_mask(self, mask: Node, zero_where: bool, probs: Node | None) -> Node:
         """probs with the rows where ``mask`` is ``zero_where`` set to 0 (RowMask;
         masked_fill: its backward gives those rows dprob = 0, as the original graph does);
-        a 0/1 prob when there was none."""
+        a 0/1 prob when there was none. The model's function only for the masks a matcher
+        puts in a Site: on D or on fc2's output, or on fc1's output of an activation that
+        is 0 at 0 (match_activation rejects the others)."""
         rows = mask if val(mask).dim() == 1 else self.call(torch.reshape, mask, (-1,))
         if not zero_where:
             rows = self.call(torch.logical_not, rows)

@@ -103,7 +103,8 @@ class Site:
     nodes: every node the match consumed; those left without users after the rewrite are
         erased (a node also used elsewhere, e.g. a shared split, is kept).
     x_batched: x is a (G, T/G, H) batch (bmm); the rewrite flattens it and reshapes y back.
-    row_masks: row masks on fc1's output, on D or on fc2's output (``nodes.RowMask``); the
+    row_masks: row masks on fc1's output (only for an activation that is 0 at 0,
+        ``Activation.zero_at_zero``), on D or on fc2's output (``nodes.RowMask``); the
         rewrite folds them into probs as zeros (a ones prob when the site has none).
     """
 

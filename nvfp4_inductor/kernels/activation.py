@@ -4,8 +4,13 @@ three activation modules: ``activations.py`` holds the registry and the referenc
 
 Twins of ``activations.activation_forward`` / ``activations.activation_backward`` (same
 arguments, same return types), operation for operation in fp32 (numerics.md 5). The kernels
-branch on the constexpr ACT, an entry's ``triton_code``; an activation registered
-without one has no kernel here (``_act_code`` raises NotImplementedError).
+take two constexprs from the activation's registry entry: GATED (its ``gated`` flag: C is
+[gate | up], 2F columns) picks the layout, ACT (its ``triton_code``) the math. Each code of
+``activations.TRITON_BRANCHES`` has its own branch below, and the last ``else`` of every
+chain is a static assertion: a code without a branch fails to compile instead of running
+another activation's math (``register_activation`` refuses such codes first). An
+activation registered without a code has no kernel here (``_act_code`` raises
+NotImplementedError).
 
     forward:  D  = bf16(f(float(C)) * p)
     backward: dC = bf16((float(G) * p) * f'(float(C))),  dp = row_sum(float(G) * f(float(C))),
@@ -38,14 +43,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ..activations import activation_names, get_activation
+from ..activations import TRITON_BRANCHES, activation_names, get_activation
 from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 
-# The kernels' branches: the built-in entries' triton_code.
-_SRELU: tl.constexpr = tl.constexpr(get_activation("srelu").triton_code)
-_TANH_SRELU: tl.constexpr = tl.constexpr(get_activation("tanh_srelu").triton_code)
-_SWIGLU: tl.constexpr = tl.constexpr(get_activation("swiglu").triton_code)
+# The kernels' branches, one per entry of activations.TRITON_BRANCHES (the codes' one source).
+_SRELU: tl.constexpr = tl.constexpr(TRITON_BRANCHES["srelu"].code)
+_TANH_SRELU: tl.constexpr = tl.constexpr(TRITON_BRANCHES["tanh_srelu"].code)
+_SWIGLU: tl.constexpr = tl.constexpr(TRITON_BRANCHES["swiglu"].code)
 
 
 # ---------------------------------------------------------------------------------------
@@ -116,38 +121,44 @@ def _run_sums(v, BM: tl.constexpr, BF: tl.constexpr):
 
 
 @triton.jit
-def act_fwd_math(x, u, clamp, ACT: tl.constexpr, GPU: tl.constexpr):
+def act_fwd_math(x, u, clamp, ACT: tl.constexpr, GATED: tl.constexpr, GPU: tl.constexpr):
     """f(C) of activations.activation_forward in fp32, operation for operation: x is C, or
-    the gate half for SwiGLU with u the up half (u unused otherwise). The one copy of
-    this math: the unfused kernel and the fused fc1 epilogue call it."""
-    if ACT == _SWIGLU:
-        f = (x * _sigmoid(x, GPU)) * u
-    elif ACT == _SRELU:
-        r = _relu(x)
-        f = r * r
+    for a GATED activation the gate half with u the up half (u unused otherwise). The one
+    copy of this math: the unfused kernel and the fused fc1 epilogue call it."""
+    if GATED:
+        if ACT == _SWIGLU:
+            f = (x * _sigmoid(x, GPU)) * u
+        else:
+            tl.static_assert(False, "ACT is the code of no gated branch (activations.TRITON_BRANCHES)")
     else:
-        clamp = tl.cast(clamp, tl.float32)  # (see act_bwd_tile)
-        b = clamp * _tanh(tl.math.div_rn(_relu(x), tl.zeros_like(x) + clamp), GPU)
-        f = b * b
+        if ACT == _SRELU:
+            r = _relu(x)
+            f = r * r
+        elif ACT == _TANH_SRELU:
+            clamp = tl.cast(clamp, tl.float32)  # (see act_bwd_tile)
+            b = clamp * _tanh(tl.math.div_rn(_relu(x), tl.zeros_like(x) + clamp), GPU)
+            f = b * b
+        else:
+            tl.static_assert(False, "ACT is the code of no branch (activations.TRITON_BRANCHES)")
     return f
 
 
 @triton.jit
 def act_fwd_rows(c_ptr, p_ptr, rows, row_ok, cols, col_ok, F, clamp,
-                 ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
+                 ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
     """f(C) * p of C's `rows` (int64) at `cols` in fp32, D before its bf16 rounding; masked
     elements are those of zero rows and columns (+0.0 for every built-in activation). The
     one copy of D's loads and math: the activation kernel calls it, and so does the cast
     that makes D as it loads it (group_cast's ACT_IN), which is why their D's are the same."""
     mask = row_ok[:, None] & col_ok[None, :]
-    if ACT == _SWIGLU:
+    if GATED:
         gate_ptrs = c_ptr + rows[:, None] * (2 * F) + cols[None, :]
         a = to_float32(tl.load(gate_ptrs, mask=mask, other=0.0))
         u = to_float32(tl.load(gate_ptrs + F, mask=mask, other=0.0))
-        f = act_fwd_math(a, u, clamp, ACT, GPU)
+        f = act_fwd_math(a, u, clamp, ACT, GATED, GPU)
     else:
         c = to_float32(tl.load(c_ptr + rows[:, None] * F + cols[None, :], mask=mask, other=0.0))
-        f = act_fwd_math(c, c, clamp, ACT, GPU)
+        f = act_fwd_math(c, c, clamp, ACT, GATED, GPU)
     if HAS_PROBS:
         f = f * to_float32(tl.load(p_ptr + rows, mask=row_ok, other=0.0))[:, None]
     return f
@@ -156,44 +167,49 @@ def act_fwd_rows(c_ptr, p_ptr, rows, row_ok, cols, col_ok, F, clamp,
 @triton.jit
 def _act_fwd_kernel(
     c_ptr, p_ptr, d_ptr, T, F, clamp,
-    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr,
+    ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
+    BM: tl.constexpr, BF: tl.constexpr,
 ):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BF + tl.arange(0, BF)
     rows64 = rows.to(tl.int64)
-    f = act_fwd_rows(c_ptr, p_ptr, rows64, rows < T, cols, cols < F, F, clamp, ACT, HAS_PROBS, GPU)
+    f = act_fwd_rows(c_ptr, p_ptr, rows64, rows < T, cols, cols < F, F, clamp, ACT, GATED, HAS_PROBS, GPU)
     _store_bf16(d_ptr + rows64[:, None] * F + cols[None, :], f, (rows < T)[:, None] & (cols < F)[None, :])
 
 
 @triton.jit
-def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp,
-                 ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr):
+def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp, ACT: tl.constexpr,
+                 GATED: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr):
     """The activation backward of one (rows, cols) tile of G (fp32 values of bf16 G), in
-    activations.activation_backward's operation order: stores dC (both SwiGLU halves) and,
+    activations.activation_backward's operation order: stores dC (both halves when GATED) and,
     when REGEN, the regenerated D; returns g * f (0 outside `mask`) for dprob's run sums.
     The one copy of this math: the unfused kernel and the fused fc2-dgrad epilogue call it."""
     if HAS_PROBS:
         gp = g * p
     else:
         gp = g
-    if ACT == _SWIGLU:
+    if GATED:
         a_ptrs = c_ptr + rows64[:, None] * (2 * F) + cols[None, :]
         a = to_float32(tl.load(a_ptrs, mask=mask, other=0.0))
         u = to_float32(tl.load(a_ptrs + F, mask=mask, other=0.0))
-        sg = _sigmoid(a, GPU)
-        si = a * sg
-        f = si * u
-        dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
+        if ACT == _SWIGLU:
+            sg = _sigmoid(a, GPU)
+            si = a * sg
+            f = si * u
+            dca = gp * (u * (sg * (1.0 + _mul_rn(a, 1.0 - sg, GPU))))
+            dcu = gp * si
+        else:
+            tl.static_assert(False, "ACT is the code of no gated branch (activations.TRITON_BRANCHES)")
         dc_ptrs = dc_ptr + rows64[:, None] * (2 * F) + cols[None, :]
         _store_bf16(dc_ptrs, dca, mask)
-        _store_bf16(dc_ptrs + F, gp * si, mask)
+        _store_bf16(dc_ptrs + F, dcu, mask)
     else:
         c = to_float32(tl.load(c_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
         if ACT == _SRELU:
             r = _relu(c)
             f = r * r
             dc = gp * (2.0 * r)
-        else:
+        elif ACT == _TANH_SRELU:
             # Triton's launcher passes a Python float as fp32; Inductor's generated launch
             # (traced launches) as fp64, which would make this math fp64. Both round the
             # same double to the same fp32 (the reference's scalar is fp32 too).
@@ -202,6 +218,8 @@ def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp,
             b = clamp * t
             f = b * b
             dc = gp * ((2.0 * b) * (1.0 - _mul_rn(t, t, GPU)))
+        else:
+            tl.static_assert(False, "ACT is the code of no branch (activations.TRITON_BRANCHES)")
         _store_bf16(dc_ptr + rows64[:, None] * F + cols[None, :], dc, mask)
     if REGEN:
         if HAS_PROBS:
@@ -214,7 +232,7 @@ def act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp,
 @triton.jit
 def _act_bwd_kernel(
     g_ptr, c_ptr, p_ptr, dc_ptr, dp_ptr, d_ptr, T, F, clamp,
-    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
+    ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BM: tl.constexpr, BF: tl.constexpr,
 ):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -230,7 +248,8 @@ def _act_bwd_kernel(
         cols = f0 + tl.arange(0, BF)
         mask = row_ok[:, None] & (cols < F)[None, :]
         g = to_float32(tl.load(g_ptr + rows64[:, None] * F + cols[None, :], mask=mask, other=0.0))
-        gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
+        gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, rows64, cols, mask, F, clamp, ACT, GATED, HAS_PROBS, REGEN,
+                          GPU)
         if HAS_PROBS:
             runs = _run_sums(gf, BM, BF)
             for j in tl.static_range(BF // 16):  # run totals left to right (row_sum)
@@ -259,7 +278,8 @@ def _act_code(activation: str) -> int:
 
 
 def is_gated(act: int) -> bool:
-    """Whether the activation of Triton code `act` is gated (C has 2F columns, [gate | up])."""
+    """The ``gated`` flag of the registered activation of Triton code `act` (C has 2F
+    columns, [gate | up]): the kernels' GATED constexpr."""
     for name in activation_names():
         entry = get_activation(name)
         if entry.triton_code == act:
@@ -278,13 +298,14 @@ def _clamp(activation: str, tanh_clamp_scale: Optional[float]) -> float:
 @kernel_op("nvfp4_kernels::activation_forward")
 def _activation_forward_op(c: torch.Tensor, probs: Optional[torch.Tensor], act: int, clamp: float) -> torch.Tensor:
     tokens, width = c.shape
-    f = width // 2 if is_gated(act) else width
+    gated = is_gated(act)
+    f = width // 2 if gated else width
     d = c.new_empty(tokens, f, dtype=torch.bfloat16)
     bm, bf = _blocks(f)
     launch(
         _act_fwd_kernel, (cdiv(tokens, bm), cdiv(f, bf)),
         c_ptr=c, p_ptr=probs, d_ptr=d, T=tokens, F=f, clamp=clamp,
-        ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
+        ACT=act, GATED=gated, HAS_PROBS=probs is not None, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
     )
     return d
 
@@ -303,7 +324,8 @@ def _activation_backward_op(
         _act_bwd_kernel, (cdiv(tokens, bm),),
         g_ptr=g, c_ptr=c, p_ptr=probs, dc_ptr=dc, dp_ptr=dp if probs is not None else None,
         d_ptr=d if regenerate else None, T=tokens, F=f, clamp=clamp,
-        ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET, BM=bm, BF=bf, num_warps=4,
+        ACT=act, GATED=is_gated(act), HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
+        BM=bm, BF=bf, num_warps=4,
     )
     return dc, dp, d
 

@@ -98,14 +98,14 @@ def _row_block_amax(x, R: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _load_input(x_ptr, p_ptr, src, ok, K, ks, k_ok, clamp, ACT_IN: tl.constexpr, ACT: tl.constexpr,
-                HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
+                GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
     """Rows `src` of the cast's input at columns ks as fp32 (R, BK); rows not `ok` read as zeros.
     With ACT_IN the input is D = bf16(f(C) * p), made here from C's rows (K columns, 2K for
     a gated activation) by the activation kernel's own loads and math
     (``activation.act_fwd_rows``) and its one RNE rounding: D's values, never stored."""
     if not ACT_IN:
         return load_rows(x_ptr, src, ok, K, ks, k_ok)
-    return bf16_round(act_fwd_rows(x_ptr, p_ptr, src, ok, ks, k_ok, K, clamp, ACT, HAS_PROBS, GPU))
+    return bf16_round(act_fwd_rows(x_ptr, p_ptr, src, ok, ks, k_ok, K, clamp, ACT, GATED, HAS_PROBS, GPU))
 
 
 @triton.jit
@@ -169,13 +169,13 @@ def _store_rowwise_2d(x, code_s, enc, word, src, ok, k0, K, row_data_ptr, row_sc
 def _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec, seed,
                      row_data_ptr, row_scale_ptr, SR: tl.constexpr, EVEN_K: tl.constexpr, ROW_DEQ: tl.constexpr,
                      R: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, ACT_IN: tl.constexpr, ACT: tl.constexpr,
-                     HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
+                     GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr):
     """Row-wise only: tokens local0 .. local0 + N - 1 of each run, each loaded, cast and
     stored in turn (unrolled: the compiler overlaps a token's load with the previous
     token's work)."""
     for j in tl.static_range(N):
         srcj, okj = token_rows(start, local0, size, in_group, j)
-        xj = _load_input(x_ptr, p_ptr, srcj, okj, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+        xj = _load_input(x_ptr, p_ptr, srcj, okj, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
         _store_rowwise(xj, _row_block_amax(xj, R, BK), srcj, okj, k0, K, row_senc, row_sdec, seed,
                        row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK)
 
@@ -210,7 +210,7 @@ def _cast_block(
     ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_MASK: tl.constexpr,
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-    TOKEN_UNROLL: tl.constexpr, ACT_IN: tl.constexpr, ACT: tl.constexpr, HAS_PROBS: tl.constexpr,
+    TOKEN_UNROLL: tl.constexpr, ACT_IN: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr,
     GPU: tl.constexpr,
 ):
     """Cast the program's runs at columns [k0, k0 + BK). (A helper that stores, not one
@@ -227,45 +227,45 @@ def _cast_block(
         if TOKEN_UNROLL == 16:  # straight-line code, not a loop of one step (see K_BLOCKS below)
             _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0, size, in_group, ks, k_ok, k0, K, row_senc, row_sdec,
                              seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, 16, ACT_IN, ACT,
-                             HAS_PROBS, GPU)
+                             GATED, HAS_PROBS, GPU)
         else:
             for j0 in range(0, 16, TOKEN_UNROLL):
                 _cast_row_tokens(x_ptr, p_ptr, clamp, start, local0 + j0, size, in_group, ks, k_ok, k0, K, row_senc,
                                  row_sdec, seed, row_data_ptr, row_scale_ptr, SR, EVEN_K, ROW_DEQ, R, BK, TOKEN_UNROLL,
-                                 ACT_IN, ACT, HAS_PROBS, GPU)
+                                 ACT_IN, ACT, GATED, HAS_PROBS, GPU)
         return
     src0, ok0 = token_rows(start, local0, size, in_group, 0)
-    x0 = _load_input(x_ptr, p_ptr, src0, ok0, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x0 = _load_input(x_ptr, p_ptr, src0, ok0, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src1, ok1 = token_rows(start, local0, size, in_group, 1)
-    x1 = _load_input(x_ptr, p_ptr, src1, ok1, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x1 = _load_input(x_ptr, p_ptr, src1, ok1, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src2, ok2 = token_rows(start, local0, size, in_group, 2)
-    x2 = _load_input(x_ptr, p_ptr, src2, ok2, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x2 = _load_input(x_ptr, p_ptr, src2, ok2, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src3, ok3 = token_rows(start, local0, size, in_group, 3)
-    x3 = _load_input(x_ptr, p_ptr, src3, ok3, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x3 = _load_input(x_ptr, p_ptr, src3, ok3, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src4, ok4 = token_rows(start, local0, size, in_group, 4)
-    x4 = _load_input(x_ptr, p_ptr, src4, ok4, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x4 = _load_input(x_ptr, p_ptr, src4, ok4, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src5, ok5 = token_rows(start, local0, size, in_group, 5)
-    x5 = _load_input(x_ptr, p_ptr, src5, ok5, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x5 = _load_input(x_ptr, p_ptr, src5, ok5, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src6, ok6 = token_rows(start, local0, size, in_group, 6)
-    x6 = _load_input(x_ptr, p_ptr, src6, ok6, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x6 = _load_input(x_ptr, p_ptr, src6, ok6, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src7, ok7 = token_rows(start, local0, size, in_group, 7)
-    x7 = _load_input(x_ptr, p_ptr, src7, ok7, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x7 = _load_input(x_ptr, p_ptr, src7, ok7, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src8, ok8 = token_rows(start, local0, size, in_group, 8)
-    x8 = _load_input(x_ptr, p_ptr, src8, ok8, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x8 = _load_input(x_ptr, p_ptr, src8, ok8, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src9, ok9 = token_rows(start, local0, size, in_group, 9)
-    x9 = _load_input(x_ptr, p_ptr, src9, ok9, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x9 = _load_input(x_ptr, p_ptr, src9, ok9, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src10, ok10 = token_rows(start, local0, size, in_group, 10)
-    x10 = _load_input(x_ptr, p_ptr, src10, ok10, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x10 = _load_input(x_ptr, p_ptr, src10, ok10, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src11, ok11 = token_rows(start, local0, size, in_group, 11)
-    x11 = _load_input(x_ptr, p_ptr, src11, ok11, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x11 = _load_input(x_ptr, p_ptr, src11, ok11, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src12, ok12 = token_rows(start, local0, size, in_group, 12)
-    x12 = _load_input(x_ptr, p_ptr, src12, ok12, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x12 = _load_input(x_ptr, p_ptr, src12, ok12, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src13, ok13 = token_rows(start, local0, size, in_group, 13)
-    x13 = _load_input(x_ptr, p_ptr, src13, ok13, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x13 = _load_input(x_ptr, p_ptr, src13, ok13, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src14, ok14 = token_rows(start, local0, size, in_group, 14)
-    x14 = _load_input(x_ptr, p_ptr, src14, ok14, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x14 = _load_input(x_ptr, p_ptr, src14, ok14, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     src15, ok15 = token_rows(start, local0, size, in_group, 15)
-    x15 = _load_input(x_ptr, p_ptr, src15, ok15, K, ks, k_ok, clamp, ACT_IN, ACT, HAS_PROBS, GPU)
+    x15 = _load_input(x_ptr, p_ptr, src15, ok15, K, ks, k_ok, clamp, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
 
     if BLOCK_2D or ROWWISE:
         bam0 = _row_block_amax(x0, R, BK)
@@ -437,7 +437,7 @@ def _group_cast_kernel(
     BLOCK_2D: tl.constexpr, SR: tl.constexpr, STACKED: tl.constexpr, EVEN_K: tl.constexpr,
     SHARED_CODES: tl.constexpr, ROW_DEQ: tl.constexpr, BLOCK_G: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, K_BLOCKS: tl.constexpr, TOKEN_UNROLL: tl.constexpr,
-    ACT_IN: tl.constexpr, ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
+    ACT_IN: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
 ):
     R: tl.constexpr = BM // 16
     r0 = tl.program_id(0).to(tl.int64) * BM
@@ -469,14 +469,14 @@ def _group_cast_kernel(
         _cast_block(tl.program_id(1) * BK, x_ptr, p_ptr, clamp, row_amax_ptr, col_amax_ptr, row_data_ptr,
                     row_scale_ptr, col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs,
                     local0, size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K,
-                    SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, HAS_PROBS, GPU)
+                    SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
     else:
         k_first = tl.program_id(1) * (BK * K_BLOCKS)
         for k0 in range(k_first, tl.minimum(k_first + BK * K_BLOCKS, K), BK):
             _cast_block(k0, x_ptr, p_ptr, clamp, row_amax_ptr, col_amax_ptr, row_data_ptr, row_scale_ptr,
                         col_data_ptr, col_scale_ptr, K, rows_total, cap, col_group_stride, g, in_group, rs, local0,
                         size, start, seed, ROWWISE, COLUMNWISE, RHT, SIGN_MASK, BLOCK_2D, SR, STACKED, EVEN_K,
-                        SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, HAS_PROBS, GPU)
+                        SHARED_CODES, ROW_DEQ, R, BK, TOKEN_UNROLL, ACT_IN, ACT, GATED, HAS_PROBS, GPU)
 
 
 @kernel_op("nvfp4_kernels::group_cast")
@@ -520,7 +520,8 @@ def group_cast(
     x = x.contiguous()
     act_in = act >= 0
     tokens, k = x.shape
-    if act_in and is_gated(act):
+    gated = act_in and is_gated(act)
+    if gated:
         k //= 2
     groups = stacked_groups(tokens, capacity) if stacked else group_sizes.shape[0]
     pad_off = x.new_empty(groups + 1, dtype=torch.int64)
@@ -567,7 +568,8 @@ def group_cast(
             SR=stochastic_rounding, STACKED=stacked, EVEN_K=k % cfg.block_k == 0,
             SHARED_CODES=shared_codes and row and col, ROW_DEQ=row_deq and row,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BK=cfg.block_k, K_BLOCKS=cfg.k_blocks,
-            TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act_in, ACT=act if act_in else 0, HAS_PROBS=has_probs,
+            TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act_in, ACT=act if act_in else 0, GATED=gated,
+            HAS_PROBS=has_probs,
             GPU=not INTERPRET, **cfg.launch_options(),
         )
     return row_data, row_scale, col_data, col_scale, pad_off, row_amax_out, col_amax_out

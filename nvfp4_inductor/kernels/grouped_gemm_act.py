@@ -50,7 +50,7 @@ import triton.language as tl
 from ..sizes import is_zero
 from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
-from .activation import _SWIGLU, _act_code, _clamp, act_fwd_math, is_gated
+from .activation import _act_code, _clamp, act_fwd_math, is_gated
 from .config import bf16_gemm_config
 from .dequantize import bf16_operands
 from .gemm_common import check_gemm_operands, gemm_alpha, gemm_out_bits, num_programs, tile_coords, tile_table
@@ -80,7 +80,7 @@ def _grouped_gemm_act_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, p_ptr,
     c_ptr, d_ptr,
     F, K, G, clamp,
-    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
+    ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
     BAND: tl.constexpr,
@@ -97,7 +97,7 @@ def _grouped_gemm_act_kernel(
         mask = row_ok[:, None] & col_ok[None, :]
         arow = (row0 + rows).to(tl.int64)
         alpha = gemm_alpha(a_amax_ptr, b_amax_ptr, grp)
-        if ACT == _SWIGLU:
+        if GATED:
             b0 = grp.to(tl.int64) * (2 * F)  # W1's gate rows b0 + [0, F), up rows b0 + F + [0, F)
             c_ptrs = c_ptr + arow[:, None] * (2 * F) + cols[None, :]
             acc, acc_up = bf16_tile_accs(a_ptr, b_ptr, row0, size, tm * BM, b0, b0 + F, F, tn * BN, K,
@@ -106,14 +106,14 @@ def _grouped_gemm_act_kernel(
             store_bits(c_ptrs, gate, mask)
             up = gemm_out_bits(acc_up, alpha)
             store_bits(c_ptrs + F, up, mask)
-            f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GPU)
+            f = act_fwd_math(widen(gate), widen(up), clamp, ACT, GATED, GPU)
         else:
             acc = bf16_tile_acc(a_ptr, b_ptr, row0, size, tm * BM, grp.to(tl.int64) * F, F, tn * BN, K,
                                 BM, BN, BK, NUM_STAGES, EVEN_K, TMA)
             cb = gemm_out_bits(acc, alpha)
             store_bits(c_ptr + arow[:, None] * F + cols[None, :], cb, mask)
             c = widen(cb)
-            f = act_fwd_math(c, c, clamp, ACT, GPU)
+            f = act_fwd_math(c, c, clamp, ACT, GATED, GPU)
         if HAS_PROBS:
             f = f * to_float32(tl.load(p_ptr + arow, mask=row_ok, other=0.0))[:, None]
         d = bf16_round(f)
@@ -146,7 +146,8 @@ def _grouped_gemm_act_op(
     (C (T, F1), D (T, F) bf16)."""
     tokens, k = a.shape
     groups, f1, _ = b.shape
-    f = f1 // 2 if is_gated(act) else f1
+    gated = is_gated(act)
+    f = f1 // 2 if gated else f1
     c = a.new_empty(tokens, f1, dtype=torch.bfloat16)
     d = a.new_empty(tokens, f, dtype=torch.bfloat16)
     if is_zero(tokens) or f == 0 or groups == 0:
@@ -158,7 +159,7 @@ def _grouped_gemm_act_op(
         a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes,
         p_ptr=probs,
         c_ptr=c, d_ptr=d, F=f, K=k, G=groups, clamp=clamp,
-        ACT=act, HAS_PROBS=probs is not None, GPU=not INTERPRET,
+        ACT=act, GATED=gated, HAS_PROBS=probs is not None, GPU=not INTERPRET,
         BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages,
         EVEN_K=k % cfg.block_k == 0, TMA=use_tma(cfg, a.device, k), BAND=cfg.band_m,

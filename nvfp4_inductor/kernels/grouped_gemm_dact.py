@@ -56,15 +56,15 @@ def _halves(acc, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
-                   ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
-                   BM: tl.constexpr, BW: tl.constexpr):
+                   ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr,
+                   GPU: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr):
     """The epilogue of columns [col0, col0 + BW) of a tile, those below col_end (<= F): G's
     bits, the activation backward (stores dC, D), and dprob's partials of those columns'
     runs of 16."""
     cols = col0 + tl.arange(0, BW)
     mask = row_ok[:, None] & (cols < col_end)[None, :]
     g = widen(gemm_out_bits(acc, alpha))
-    gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, HAS_PROBS, REGEN, GPU)
+    gf = act_bwd_tile(g, p, c_ptr, dc_ptr, d_ptr, arow, cols, mask, F, clamp, ACT, GATED, HAS_PROBS, REGEN, GPU)
     if HAS_PROBS:
         runs = _run_sums(gf, BM, BW)
         run = col0 // 16 + tl.arange(0, BW // 16)
@@ -74,19 +74,19 @@ def _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, 
 
 @triton.jit
 def _dact_epilogue_half(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
-                        ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
-                        BM: tl.constexpr, BW: tl.constexpr, PARTS: tl.constexpr):
+                        ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr,
+                        GPU: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, PARTS: tl.constexpr):
     """The epilogue of a half tile (BM, BW) at column col0, whole (PARTS 1) or in its two
     halves one after the other (PARTS 2)."""
     if PARTS == 1:
         _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR, clamp,
-                       ACT, HAS_PROBS, REGEN, GPU, BM, BW)
+                       ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BW)
     else:
         first, second = _halves(acc, BM, BW)
         _dact_epilogue(first, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
-                       clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+                       clamp, ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BW // 2)
         _dact_epilogue(second, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BW // 2, col_end, F,
-                       NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BW // 2)
+                       NR, clamp, ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BW // 2)
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def _grouped_gemm_dact_kernel(
     a_ptr, a_amax_ptr, b_ptr, b_amax_ptr, sizes_ptr, c_ptr, p_ptr,
     dc_ptr, part_ptr, d_ptr,
     F, K, G, clamp, col_start, FS,
-    ACT: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
+    ACT: tl.constexpr, GATED: tl.constexpr, HAS_PROBS: tl.constexpr, REGEN: tl.constexpr, GPU: tl.constexpr,
     BLOCK_G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
     SPLIT: tl.constexpr, BAND: tl.constexpr,
@@ -122,13 +122,13 @@ def _grouped_gemm_dact_kernel(
             p = 1.0  # unused
         if SPLIT == 1:
             _dact_epilogue(acc, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
-                           clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN)
+                           clamp, ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BN)
         else:
             left, right = _halves(acc, BM, BN)
             _dact_epilogue_half(left, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0, col_end, F, NR,
-                                clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
+                                clamp, ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
             _dact_epilogue_half(right, alpha, p, c_ptr, dc_ptr, part_ptr, d_ptr, arow, row_ok, col0 + BN // 2,
-                                col_end, F, NR, clamp, ACT, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
+                                col_end, F, NR, clamp, ACT, GATED, HAS_PROBS, REGEN, GPU, BM, BN // 2, SPLIT // 2)
 
 
 @triton.jit
@@ -164,7 +164,7 @@ def _dact_launches(k, a_amax, b_amax, group_sizes, c, probs, act, clamp, regener
             a_ptr=a, a_amax_ptr=a_amax, b_ptr=b, b_amax_ptr=b_amax, sizes_ptr=group_sizes, c_ptr=c,
             p_ptr=probs, dc_ptr=dc, part_ptr=part if probs is not None else None, d_ptr=d if regenerate else None,
             F=f, K=k, G=groups, clamp=clamp, col_start=first, FS=b.shape[1],
-            ACT=act, HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
+            ACT=act, GATED=is_gated(act), HAS_PROBS=probs is not None, REGEN=regenerate, GPU=not INTERPRET,
             BLOCK_G=max(next_power_of_2(groups), 2), BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
             NUM_PROGRAMS=programs, NUM_STAGES=cfg.num_stages, EVEN_K=k % cfg.block_k == 0,
             TMA=use_tma(cfg, c.device, k), SPLIT=cfg.epilogue_split, BAND=cfg.band_m,
