@@ -163,3 +163,20 @@ def test_traced_kernels_counts_launches_and_distinct_kernels():
     graph.output(None)
     assert traced_kernels(torch.fx.GraphModule(torch.nn.Module(), graph)) == (
         3, {"_act_fwd_kernel", "_dequantize_kernel"})
+
+
+@pytest.mark.parametrize("family, warned", [("qwen3_moe", False), ("gpt_oss", True)])
+def test_a_transformers_model_warns_only_where_its_experts_are_left(family, warned):
+    """Qwen3-MoE's experts are rewritten: no warning. GPT-OSS's clamped SwiGLU has no NVFP4
+    rule: its model trains as written, and says so once."""
+    pytest.importorskip("transformers", reason="the test extra installs transformers")
+    import library_models as lib
+
+    model = lib.Logits(lib.tiny_causal_lm(family)).train()
+    messages = _compile_and_run(model, lib.input_ids())
+    if warned:
+        (message,) = messages
+        assert message.startswith("nvfp4 backend: 0 of 1 grouped MLP(s)") and "modeling_gpt_oss.py" in message
+        assert "is not srelu, tanh_srelu or swiglu" in message
+    else:
+        assert messages == []
