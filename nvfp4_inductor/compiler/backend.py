@@ -405,16 +405,16 @@ def _inner_compile(*args, **kwargs):
     from torch._inductor.compile_fx import compile_fx_inner
 
     which = "backward" if kwargs.get("is_backward") else "forward"
-    launches, kernels_ = traced_kernels(args[0] if args else kwargs["gm"])
-    if kernels_:
+    launches, names = traced_kernels(args[0])
+    if names:
         log.info("nvfp4: Inductor compiles the %s graph with %d launches of %d Triton kernels of ours; a cold "
                  "compile takes tens of seconds (~30 s for one layer's first step on an H100 or H200), a later "
-                 "process loads them from Inductor's and Triton's caches", which, launches, len(kernels_))
-        log.debug("nvfp4: the %s graph's Triton kernels: %s", which, ", ".join(sorted(kernels_)))
+                 "process loads them from Inductor's and Triton's caches", which, launches, len(names))
+        log.debug("nvfp4: the %s graph's Triton kernels: %s", which, ", ".join(sorted(names)))
     start = time.perf_counter()
     with launches_analysed_once():
         compiled = compile_fx_inner(*args, **kwargs)
-    if kernels_:
+    if names:
         log.info("nvfp4: Inductor compiled the %s graph in %.1f s", which, time.perf_counter() - start)
     return compiled
 
@@ -426,7 +426,8 @@ def traced_kernels(gm: torch.fx.GraphModule) -> tuple[int, set[str]]:
     from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table, triton_kernel_wrapper_functional,
                                                             triton_kernel_wrapper_mutation)
 
-    indices = [node.kwargs["kernel_idx"] for node in gm.graph.nodes if node.op == "call_function"
+    indices = [node.kwargs["kernel_idx"] for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes if node.op == "call_function"  # nested regions' bodies too
                and node.target in (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)]
     return len(indices), {_kernel_name(kernel_side_table.get_kernel(i)) for i in set(indices)}
 
