@@ -87,7 +87,6 @@ def test_without_torch_logs_only_the_rejection_warning_is_printed():
     lines = err.splitlines()
     said = [i for i, line in enumerate(lines) if "nvfp4" in line]  # torch may warn of its own things
     assert len(said) == 1 and "UserWarning: nvfp4 backend: 1 of 2 grouped MLP(s)" in lines[said[0]], err
-    assert lines[said[0] + 1].strip() == "warn_rejections(rewrite_graph(gm, options))"  # the warning's source line
     assert not _lines(err)
 
 
