@@ -35,12 +35,12 @@ expert and S2's per-expert share per rank.
 Columns (each rank's median over ``--steps`` timed steps after ``--warmup``; the table shows
 the largest over the ranks, since the slowest rank sets the pace of a synchronous step):
 
-    GPUs           world size
+    GPUs           world size (one rank per GPU; "ranks" where the ranks are CPU processes)
     rows/rank      token-expert rows a rank's experts received, the largest over the ranks
     step ms        the compiled layer's forward + backward; every rank waits at a barrier
                    before each step, then wall clock (perf_counter) around the step with the
                    device synchronised at both ends
-    tokens/s/GPU   tokens per rank / step time
+    tokens/s/GPU   tokens per rank / step time ("tokens/s/rank" on the CPU)
     a2a ms         the step's seven all-to-alls timed alone, in the same process, with the
                    same split sizes, dtypes and bytes: counts (int64), rows (bf16) and
                    probabilities (fp32) dispatched, results combined (bf16) in the forward;
@@ -93,6 +93,14 @@ DEFAULTS = {  # tokens per rank, hidden, ffn, experts, steps, warmup
 }
 HEADERS = ["GPUs", "implementation", "tokens/rank", "rows/rank", "step ms", "tokens/s/GPU", "a2a ms", "a2a %",
            "experts ms", "rest ms", "peak MiB"]
+
+
+def headers(devices) -> list[str]:
+    """HEADERS for runs on `devices` ("cuda" / "cpu"): one rank per GPU on CUDA; anywhere
+    else a rank is a process, and the columns say ranks."""
+    if all(device == "cuda" for device in devices):
+        return HEADERS
+    return [{"GPUs": "ranks", "tokens/s/GPU": "tokens/s/rank"}.get(h, h) for h in HEADERS]
 
 
 class BF16GroupedMLP(nn.Module):
@@ -313,7 +321,7 @@ def merge(paths) -> str:
         lines.append(f"* {run['world']} x {run['device_name']}, {run['date']}, torch {run['torch']}, "
                      f"compiler={run['compiler']}: `{run['command']}`")
     rows = [row for run in runs for row in table_rows(run["rows"])]
-    lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["", "| " + " | ".join(headers(run["device"] for run in runs)) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -401,7 +409,7 @@ def main(argv=None) -> int:
         print(f"world size {world} ({dist.get_backend()}), {name}, compiler={args.compiler}, H={args.hidden} "
               f"F={args.ffn} experts={args.experts} ({args.experts // world} per rank) top-{args.top_k}, "
               f"median of {args.steps} steps, slowest rank")
-        print(format_table(HEADERS, table_rows(results)))
+        print(format_table(headers([device.type]), table_rows(results)))
         if not all(r["finite"] for r in results):
             print("non-finite outputs or input gradients: " + ", ".join(
                 r["implementation"] for r in results if not r["finite"]))

@@ -172,6 +172,9 @@ class GroupedMLP(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
     ):
         super().__init__()
+        if dtype not in (torch.bfloat16, torch.float32):  # fp32: master weights that FSDP2's mixed precision casts
+            raise ValueError(f"GroupedMLP: dtype must be torch.bfloat16 (or torch.float32 for master weights cast "
+                             f"to bfloat16 before the forward, as by FSDP2's mixed precision); got {dtype}")
         fc1_out = 2 * ffn if get_activation(activation).gated else ffn
         self.activation, self.tanh_clamp_scale = activation, tanh_clamp_scale
         self.recipe = recipe or Recipe()

@@ -71,10 +71,11 @@ def test_both_ranks_finish_and_rank_0_prints_the_table(top1):
     outputs, result = _finished(top1)
     assert result["world"] == 2 and result["backend"] == "gloo" and result["compiler"] == "aot_eager"
     lines = outputs[0].splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("GPUs"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("ranks"))  # CPU processes, not GPUs
     assert "step ms" in lines[header] and "a2a ms" in lines[header] and "experts ms" in lines[header]
+    assert "tokens/s/rank" in lines[header] and "GPU" not in lines[header]
     assert [line.split()[:2] for line in lines[header + 2:header + 4]] == [["2", "bf16"], ["2", "nvfp4"]]
-    assert "GPUs  implementation" not in outputs[1]  # rank 0 only
+    assert "ranks  implementation" not in outputs[1]  # rank 0 only
 
 
 def test_a_row_per_implementation_with_finite_positive_numbers(top1):
@@ -110,6 +111,8 @@ def test_top2_nvfp4_and_the_merged_table(tmp_path, top1):
     table = [line for line in merged.splitlines() if line.startswith("| 2 |")]
     assert [line.split(" | ")[1] for line in table] == ["bf16", "nvfp4", "nvfp4"]
     assert merged.count("torchrun --nproc-per-node=2") == 2
+    assert "| ranks | implementation |" in merged and "tokens/s/rank" in merged and "GPU" not in merged
+    assert scaling.headers(["cuda", "cuda"])[0] == "GPUs" and scaling.headers(["cuda", "cpu"])[0] == "ranks"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -156,6 +156,8 @@ CASES = [
         r"^rowwise_amax must be on x's device"),
     # --- GroupedMLP (construct + forward)
     Bad("GroupedMLP: fp32 parameters", lambda: _module(dtype=torch.float32), r"^fc1_weight must have dtype bfloat16"),
+    Bad("GroupedMLP: fp16 dtype, refused at construction", lambda: nv.GroupedMLP(G, H, F, dtype=torch.float16),
+        r"^GroupedMLP: dtype must be torch.bfloat16 .*; got torch.float16$"),
     Bad("GroupedMLP: fp32 x", lambda: _module(x=torch.randn(T, H)), r"^x must have dtype bfloat16"),
     Bad("GroupedMLP: H not a multiple of 16", lambda: _module(hidden=40), r"^H \(hidden\)"),
     Bad("GroupedMLP: F not a multiple of 16", lambda: _module(ffn=40), r"^F \(ffn\)"),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import time
 import warnings
 from typing import Optional
 
@@ -38,6 +40,12 @@ from .rewrite import find_sites, graph_modules, rewrite_sites, unreached_sites
 from .site import Rejection, Site
 
 BACKEND_NAME = "nvfp4"
+
+# Under the package's logger "nvfp4_inductor", which TORCH_LOGS takes by name as for any
+# module: TORCH_LOGS="nvfp4_inductor" prints each site's decision and the compile progress,
+# "+nvfp4_inductor" adds the options, each plan's reason and the rewritten graph. Without it
+# nothing is printed (a rejected grouped MLP still warns: ``warn_rejections``).
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -189,6 +197,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             plan = plan_for(site, device, site_backend_options.recipe)
             rewritten.append(site)
             calls.append((site_call or _site_call)(site_backend_options, plan))
+            _log_site(site, plan, inside, site_backend_options)
             record.sites.append((site, plan))
             record.regions.append(inside)
             record.decisions.append(decision)
@@ -199,7 +208,65 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
     counters["nvfp4"]["sites_rejected"] += len(record.rejections)
     for rejection in record.rejections:
         counters["nvfp4_rejected_by_spelling"][rejection.spelling] += 1
+    _log_decisions(gm, record)
     return record
+
+
+def _plan_summary(plan: Plan, recompute: bool) -> str:
+    fused = [name for name, on in (("fc1+activation", plan.fused_fc1), ("amax", plan.fused_amax),
+                                   ("dgrad+activation backward", plan.fused_dgrad)) if on]
+    return (f"target {plan.target}, {'fused ' + ', '.join(fused) if fused else 'no fused kernels'}, "
+            f"D {'recomputed' if plan.recomputes_d(recompute) else 'saved'} for the backward")
+
+
+def _log_site(site: Site, plan: Plan, inside: tuple[str, ...], options: BackendOptions) -> None:
+    """A rewritten site's INFO line: where, what, the plan in short; at DEBUG the plan's
+    reason and the site's recipe."""
+    if log.isEnabledFor(logging.INFO):
+        g, h, f = weight_shape(site.fc2_weight)
+        log.info("nvfp4: rewrote %s at %s%s (%s, %d experts, H=%d, F=%d): %s", site.spelling, site.location,
+                 f" in {' > '.join(inside)}" if inside else "", site.activation, g, h, f,
+                 _plan_summary(plan, options.recompute))
+        log.debug("nvfp4: plan for %s: %s; %s", site.location, plan.reason, options.recipe)
+
+
+def _log_decisions(gm: torch.fx.GraphModule, record: CompiledGraphRecord) -> None:
+    """After a graph's rewrite: each rejection (where, why) and the count at INFO; at DEBUG
+    the options and the rewritten graph."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    for site, decision in record.kept:
+        log.info("nvfp4: kept %s at %s in BF16 (precision policy: %s)", site.spelling, site.location, decision.rule)
+    for rejection in record.rejections:
+        log.info("nvfp4: left %s at %s as written: %s", rejection.spelling, rejection.location, rejection.reason)
+    found = len(record.sites) + len(record.kept) + len(record.rejections)
+    if found:
+        log.info("nvfp4: %d of %d grouped MLP(s) in this graph rewritten to NVFP4", len(record.sites), found)
+    else:
+        log.info("nvfp4: no grouped MLP in this graph (%d nodes)", len(gm.graph.nodes))
+    log.debug("nvfp4: backend options %s", record.options)
+    if record.sites and log.isEnabledFor(logging.DEBUG):
+        log.debug("nvfp4: the rewritten graph:\n%s", gm.print_readable(print_output=False))
+
+
+REJECTED = (
+    "nvfp4 backend: {rewritten} of {found} grouped MLP(s) in a compiled graph rewritten to NVFP4; "
+    "the other {left} run as written. {first_where}: {first_reason}. nvfp4_inductor.explain(model, "
+    "*inputs) lists every site and reason; TORCH_LOGS=\"nvfp4_inductor\" logs each decision."
+)
+
+
+def warn_rejections(record: CompiledGraphRecord) -> None:
+    """One warning for a graph where a grouped MLP was found but left as written (wrong
+    dtypes, sizes, an activation without an NVFP4 rule...): such a model trains as it was
+    written, not in NVFP4, and should not do so silently. None for a graph without grouped
+    MLPs. The inspection tools call ``rewrite_graph`` and report rejections themselves."""
+    if record.rejections:
+        first = record.rejections[0]
+        warnings.warn(REJECTED.format(
+            rewritten=len(record.sites), found=len(record.sites) + len(record.rejections),
+            left=len(record.rejections), first_where=f"{first.spelling} at {first.location}",
+            first_reason=first.reason), stacklevel=2)
 
 
 REUSE_UNDER_CUDA_GRAPHS = (
@@ -233,7 +300,7 @@ def check_mode(mode: Optional[str], options: BackendOptions) -> None:
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
     check_mode(mode, options)
-    rewrite_graph(gm, options)
+    warn_rejections(rewrite_graph(gm, options))
     return compile_rewritten(gm, example_inputs, options, mode=mode)
 
 
@@ -244,13 +311,30 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
     graphs on the CPU). compile_fx applies the patches to the backward's compile too."""
     # AOTAutograd traces the fused ops in here; Inductor lowers the backward later, at the
     # first backward call, in inner_compile: each analyses the traced launches
+    sites = _site_count(gm)
+    if sites:
+        log.info("nvfp4: compiling %d grouped MLP(s) through AOTAutograd and %s", sites, options.compiler)
+    start = time.perf_counter()
     with launches_traced(options.trace_launches), launches_analysed_once():
         if options.compiler == "aot_eager":
-            return _aot_eager(gm, example_inputs)
-        from torch._inductor.compile_fx import compile_fx
+            compiled = _aot_eager(gm, example_inputs)
+        else:
+            from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(gm, example_inputs, inner_compile=_inner_compile,
-                          config_patches=inductor_patches(mode, options, traced=traces_launches(gm, options)))
+            compiled = compile_fx(gm, example_inputs, inner_compile=_inner_compile,
+                                  config_patches=inductor_patches(mode, options, traced=traces_launches(gm, options)))
+    if sites:
+        log.info("nvfp4: AOTAutograd traced the graph%s in %.1f s",
+                 " and Inductor compiled its forward (a backward compiles at its first call)"
+                 if options.compiler == "inductor" else "", time.perf_counter() - start)
+    return compiled
+
+
+def _site_count(gm: torch.fx.GraphModule) -> int:
+    """The rewritten sites in a graph and its checkpointed / nested bodies (a nested
+    region's body counted once)."""
+    return sum(node.op == "call_function" and node.target is fused_grouped_mlp
+               for module, _ in graph_modules(gm) for node in module.graph.nodes)
 
 
 def traces_launches(gm: torch.fx.GraphModule, options: BackendOptions) -> bool:
@@ -343,8 +427,38 @@ def _inner_compile(*args, **kwargs):
     the traced launches analysed once (lowerings/launch_analysis.py)."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    which = "backward" if kwargs.get("is_backward") else "forward"
+    launches, names = traced_kernels(args[0])
+    if names:
+        log.info("nvfp4: Inductor compiles the %s graph with %d launches of %d Triton kernels of ours; a cold "
+                 "compile takes tens of seconds (~30 s for one layer's first step on an H100 or H200), a later "
+                 "process loads them from Inductor's and Triton's caches", which, launches, len(names))
+        log.debug("nvfp4: the %s graph's Triton kernels: %s", which, ", ".join(sorted(names)))
+    start = time.perf_counter()
     with launches_analysed_once():
-        return compile_fx_inner(*args, **kwargs)
+        compiled = compile_fx_inner(*args, **kwargs)
+    if names:
+        log.info("nvfp4: Inductor compiled the %s graph in %.1f s", which, time.perf_counter() - start)
+    return compiled
+
+
+def traced_kernels(gm: torch.fx.GraphModule) -> tuple[int, set[str]]:
+    """(launches, the names of the kernels launched) of the traced Triton launches in a graph
+    AOTAutograd gives Inductor: what Inductor compiles for the grouped MLPs, besides its own
+    kernels for the rest of the graph."""
+    from torch._higher_order_ops.triton_kernel_wrap import (kernel_side_table, triton_kernel_wrapper_functional,
+                                                            triton_kernel_wrapper_mutation)
+
+    indices = [node.kwargs["kernel_idx"] for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes if node.op == "call_function"  # nested regions' bodies too
+               and node.target in (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)]
+    return len(indices), {_kernel_name(kernel_side_table.get_kernel(i)) for i in set(indices)}
+
+
+def _kernel_name(kernel) -> str:
+    while hasattr(kernel, "fn"):  # an Autotuner, then the JITFunction, then the Python function
+        kernel = kernel.fn
+    return getattr(kernel, "__name__", repr(kernel))
 
 
 def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mode=None):
