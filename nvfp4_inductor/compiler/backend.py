@@ -25,10 +25,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import kernels
 from ..lowerings import Plan, SiteSpec, choose_plan, get_target
-from ..lowerings.inline import launches_traced
-from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
+from ..target_ops import launches_traced
 from .fused import fused_grouped_mlp, site_options
+from .launch_analysis import launches_analysed_once
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions

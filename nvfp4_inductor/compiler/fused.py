@@ -52,11 +52,11 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
-from ..lowerings.inline import target_op
 from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..sizes import size_hint
+from ..target_ops import target_op
 from ..tensor import NVFP4WeightStack
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 
