@@ -234,7 +234,7 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
 
 def traces_launches(gm: torch.fx.GraphModule, options: BackendOptions) -> bool:
     """Whether a rewritten graph's fused ops become kernel launches in Inductor's generated
-    code: ``trace_launches`` and a site whose plan's target inlines (lowerings/inline.py)."""
+    code: ``trace_launches`` and a site whose plan's target inlines (target_ops.py)."""
     if not options.trace_launches:
         return False
     targets = {node.kwargs.get("target") for module, _ in graph_modules(gm) for node in module.graph.nodes
@@ -319,7 +319,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
 
 def _inner_compile(*args, **kwargs):
     """Inductor's compile of one graph (forward, or the backward when first called), with
-    the traced launches analysed once (lowerings/launch_analysis.py)."""
+    the traced launches analysed once (launch_analysis.py)."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     with launches_analysed_once():
