@@ -32,8 +32,9 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings, numerics
 from nvfp4_inductor.inspection import format_table
 from nvfp4_inductor.lowerings import cudnn as cd
-from nvfp4_inductor.lowerings import cudnn_sim
+from nvfp4_inductor.lowerings.cudnn_target import CUDNN, check_target
 from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE
+from nvfp4_inductor.testing import cudnn_sim, simulated_target
 
 ROWS: list[list[str]] = []
 REL_TOL = 2 ** -6  # the simulator tests' tolerance for one bf16 rounding moved (cudnn_sim docstring)
@@ -55,7 +56,7 @@ def small_model(device, activation="srelu"):
 def check_simulated() -> None:
     for fused in (False, True):
         mlp, args = small_model("cpu")
-        with lowerings.registered(cd.simulated_target(fused=fused)):
+        with lowerings.registered(simulated_target(fused=fused)):
             report = nv.compare(mlp, *args, compiler="aot_eager")
         verdict(f"simulated cudnn step (fused={fused}), compiled == eager (CPU)", report.bitwise,
                 "bitwise" if report.bitwise else str(report))
@@ -115,7 +116,7 @@ def check_steps(device) -> None:
 def check_compiled(device) -> None:
     for fused in (False, True):
         mlp, args = small_model(device)
-        with lowerings.registered(cd.check_target(fused=fused)):
+        with lowerings.registered(check_target(fused=fused)):
             [site] = nv.explain(mlp, *args).sites
             if site.target != "cudnn_check":
                 verdict(f"compiled step on cudnn (fused={fused})", False, f"not planned on cudnn: {site.reason}")
@@ -147,8 +148,8 @@ def time_shapes(device, shapes) -> None:
 
         base, *_ = measure(torch.compile(bf16_mlp("srelu")), args, grad)
         table.append([shape, "bf16", f"{base:.3f}", "1.00"])
-        for name, target in (("triton", None), ("cudnn unfused", cd.check_target(fused=False)),
-                             ("cudnn fused", cd.check_target(fused=True))):
+        for name, target in (("triton", None), ("cudnn unfused", check_target(fused=False)),
+                             ("cudnn fused", check_target(fused=True))):
             torch._dynamo.reset()
             fn = torch.compile(nvfp4, backend="nvfp4")
             if target is None:
@@ -171,7 +172,7 @@ def main() -> int:
     check_simulated()
     device = torch.device("cuda") if torch.cuda.is_available() else None
     capability = torch.cuda.get_device_capability() if device is not None else None
-    mismatch = cd.CUDNN.device_mismatch("cuda", capability) if device is not None else "no CUDA device"
+    mismatch = CUDNN.device_mismatch("cuda", capability) if device is not None else "no CUDA device"
     frontend = cd.installed_capabilities()
     if mismatch or isinstance(frontend, str):
         why = mismatch or frontend

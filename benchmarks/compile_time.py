@@ -11,7 +11,7 @@ process, twice, with a fresh Inductor and Triton cache directory of its own: the
 process compiles everything ("first s", as a user's first run on a machine), the second
 finds what the first wrote to disk ("cached s", every later run). Columns: both first steps,
 the per-layer slope of the cached first step against the one-layer row, the launch analyses
-torch ran and those answered from the table (lowerings/launch_analysis.py), the warm step
+torch ran and those answered from the table (compiler/launch_analysis.py), the warm step
 and its host time (from the second process). The timed first step includes the
 ``torch.compile`` call: looking the backend up is part of what a user waits for (the
 "inductor" backend imports Inductor's compiler there, ours at its first compile).

@@ -30,8 +30,8 @@ from .compiler import backend as backend_mod
 from .compiler.fused import describe_steps, saved_for_backward
 from .compiler.options import BackendOptions
 from .lowerings import get_target
-from .lowerings.inline import inlines, launches_traced
 from .recipe import Recipe
+from .target_ops import inlines, launches_traced
 
 
 def format_table(headers: list[str], rows: list[list[Any]]) -> str:

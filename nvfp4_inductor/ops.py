@@ -24,7 +24,7 @@ from . import numerics
 from .activations import compute_dtype, get_activation
 from .constants import BLOCK
 from .lowerings import steps_for
-from .lowerings.inline import target_op
+from .target_ops import target_op
 from .validate import check_group_sizes_values
 from .weight_cache import weight_copies
 

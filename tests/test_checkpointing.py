@@ -105,7 +105,7 @@ def test_checkpointed_site_compiled_equal_eager_chain():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_checkpointing_on_a_gpu_recomputes_the_traced_launches():
     """On CUDA with Inductor the fused ops are traced as their kernel launches
-    (lowerings/inline.py); under checkpointing AOTAutograd tags those for recomputation too.
+    (target_ops.py); under checkpointing AOTAutograd tags those for recomputation too.
     Run in compare's deterministic mode: on CUDA the block's scatter_add and its gather's
     backward add with atomics, in an order that changes from run to run (the same compiled
     step twice differed in about 6% of the output's elements on the H200)."""

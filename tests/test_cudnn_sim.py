@@ -1,5 +1,5 @@
 """The cudnn target's step table run over the CPU simulator of the frontend's wrappers
-(lowerings/cudnn_sim.py), registered through the public registry.
+(testing/cudnn_sim.py), registered through the public registry.
 
 What holds, and what does not (each difference is named in cudnn_sim's docstring and in
 docs/numerics.md section 7):
@@ -22,8 +22,8 @@ import torch
 import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings, numerics
 from nvfp4_inductor.lowerings import cudnn as cd
-from nvfp4_inductor.lowerings import cudnn_sim
 from nvfp4_inductor.lowerings.reference import STEPS as R
+from nvfp4_inductor.testing import cudnn_sim, simulated_target
 from test_cudnn_target import ARGS_1_32
 
 SIMULATED = cd.WRAPPERS
@@ -168,7 +168,7 @@ def _grads(mlp, args, compiled, recompute=True):
 def test_unfused_step_compiled_equals_eager_and_reference(activation):
     mlp, args = _model(activation)
     reference = _grads(mlp, args, compiled=False)  # CPU: the reference target
-    with lowerings.registered(cd.simulated_target(fused=False)):
+    with lowerings.registered(simulated_target(fused=False)):
         [site] = nv.explain(mlp, *args).sites
         assert site.target == "cudnn_sim" and cd.GEMM in site.reason
         eager = _grads(mlp, args, compiled=False)
@@ -191,7 +191,7 @@ def test_fused_step_compiled_equals_eager(activation, sign_mask, recompute):
     which the backward cannot rebuild from the saved C), so recompute on == off as well."""
     recipe = nv.Recipe(sign_mask=sign_mask)
     mlp, args = _model(activation, recipe)
-    with lowerings.registered(cd.simulated_target()):
+    with lowerings.registered(simulated_target()):
         [site] = nv.explain(mlp, *args, recipe=recipe, recompute=recompute).sites
         assert site.target == "cudnn_sim"
         assert f"fc1: {cd.fc1_wrapper(activation, sign_mask == 0)}" in site.reason
@@ -216,7 +216,7 @@ def test_fused_step_against_the_reference_within_tolerance(activation):
     0: 0.1-6.3%; dprobs at most 0.25%)."""
     mlp, args = _model(activation)
     reference = _grads(mlp, args, compiled=False)
-    with lowerings.registered(cd.simulated_target()):
+    with lowerings.registered(simulated_target()):
         cudnn = _grads(mlp, args, compiled=False)
     assert not torch.equal(cudnn[0], reference[0])  # the fused kernels ran
     for name, a, b in zip(("Y", "dX", "dprobs", "dW1", "dW2"), cudnn, reference):

@@ -17,6 +17,7 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings
 from nvfp4_inductor.lowerings import SiteSpec, choose_plan
 from nvfp4_inductor.lowerings import cudnn as cd
+from nvfp4_inductor.lowerings import cudnn_target
 from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE_STEPS
 
 ARGS_1_32 = {
@@ -224,7 +225,7 @@ def test_wired_capabilities_and_the_check_target():
     assert caps.fused_activations == {"srelu", "tanh_srelu", "swiglu"}
     assert caps.fused_amax_activations == {"srelu", "swiglu"}
     assert cd.wired(caps, fused=False).fused_activations == frozenset()
-    check = cd.check_target()
+    check = cudnn_target.check_target()
     assert check.name == "cudnn_check" and check.min_capability == (10, 0) and check.describe is cd.describe
     if importlib.util.find_spec("cudnn") is None:
         assert "not installed" in check.probe(torch.device("cuda"))

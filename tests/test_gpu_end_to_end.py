@@ -120,7 +120,7 @@ def test_training_step_never_syncs_the_host(compiled):
 
 @pytest.mark.parametrize("activation", ["srelu", "swiglu"])
 def test_inductor_launches_the_triton_targets_kernels_itself(activation):
-    """On the Triton target the fused ops are inlined when traced (lowerings/inline.py):
+    """On the Triton target the fused ops are inlined when traced (target_ops.py):
     Inductor's generated code launches our kernels, with no opaque fused op left; the
     stochastic-rounding seeds stay one opaque op (drawn as eager draws them); and the
     step still equals eager bit for bit (test_compiled_equals_eager_on_gpu)."""

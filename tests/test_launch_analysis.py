@@ -1,4 +1,4 @@
-"""lowerings/launch_analysis.py: torch's analysis of a traced launch, once per distinct launch.
+"""compiler/launch_analysis.py: torch's analysis of a traced launch, once per distinct launch.
 
 The key is checked against what torch's analysis reads (dtypes, not shapes; values of the
 other arguments; symbolic sizes as one placeholder; a one-config Autotuner as its
@@ -22,8 +22,8 @@ from torch._higher_order_ops import triton_kernel_wrap
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from nvfp4_inductor.lowerings import launch_analysis
-from nvfp4_inductor.lowerings.launch_analysis import launch_key, launches_analysed_once
+from nvfp4_inductor.compiler import launch_analysis
+from nvfp4_inductor.compiler.launch_analysis import launch_key, launches_analysed_once
 
 from test_traced_launches import ROOT, SM90_DRIVER
 
@@ -110,7 +110,7 @@ STACKED = SM90_DRIVER + textwrap.dedent("""
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK
     from nvfp4_inductor.kernels import api
-    from nvfp4_inductor.lowerings import launch_analysis
+    from nvfp4_inductor.compiler import launch_analysis
 
     name = next(n for n in launch_analysis._ANALYSIS_NAMES if hasattr(triton_kernel_wrap, n))
     torchs, analyses = getattr(triton_kernel_wrap, name), []

@@ -1,6 +1,8 @@
-"""Every import in the package points down its layers (docs/architecture.md): face ->
-compiler -> eager ops -> lowerings -> kernels -> numerics -> containers -> formats. Read
-from the source with ast, so a lazy import inside a function counts too."""
+"""Every import in the package points down its layers (docs/architecture.md): testing ->
+face -> compiler -> eager ops -> lowerings -> kernels -> numerics -> containers -> formats.
+Read from the source with ast, so a lazy import inside a function counts too; and no module
+imports one of the package's modules by name (``importlib``, ``__import__``, ``sys.modules``),
+an edge this check could not see."""
 
 import ast
 import pathlib
@@ -11,9 +13,10 @@ ROOT = pathlib.Path(nvfp4_inductor.__file__).parent
 # Layer of each module (dotted, relative to the package), highest first; a package folder
 # stands for every module in it.
 LAYERS = [
+    ("testing", {"testing"}),
     ("face", {"__init__", "inspection", "demo"}),
     ("compiler", {"compiler"}),
-    ("eager ops", {"nn", "ops", "quantize", "validate", "distributed", "weight_cache"}),
+    ("eager ops", {"nn", "ops", "target_ops", "quantize", "validate", "distributed", "weight_cache"}),
     ("lowerings", {"lowerings"}),
     ("kernels", {"kernels"}),
     ("numerics", {"numerics", "activations"}),
@@ -46,6 +49,29 @@ def imports_in(source: str, module: str) -> set[str]:
     return {f for f in found if f}
 
 
+_IMPORT_CALLS = {"importlib.import_module", "import_module", "__import__", "importlib.__import__"}
+
+
+def imports_by_name(source: str) -> set[str]:
+    """The expressions in `source` that import a module by name, which ``imports_in`` cannot
+    see: every ``importlib.import_module`` / ``__import__`` call (an import statement says
+    the same), and every ``sys.modules`` lookup whose key is not a string constant naming a
+    module outside the package."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in _IMPORT_CALLS:
+            found.add(ast.unparse(node))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).startswith("sys.modules."):
+            key = node.args[0] if node.args else node
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+            key = node.slice
+        if key is not None and not (isinstance(key, ast.Constant) and isinstance(key.value, str)
+                                    and not key.value.startswith(("nvfp4_inductor", "."))):
+            found.add(ast.unparse(node))
+    return found
+
+
 def modules():
     for path in sorted(ROOT.rglob("*.py")):
         yield ".".join(path.relative_to(ROOT).with_suffix("").parts), path.read_text()
@@ -61,6 +87,13 @@ def test_every_import_points_down_the_layers():
     assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
+def test_no_module_imports_a_module_by_name():
+    found = {module: names for module, source in modules() if (names := imports_by_name(source))}
+    # the one lookup by a computed name: the module class that Dynamo's nn_module_stack
+    # names (a user's, or ours), for the file that defines it; not an import of ours
+    assert found == {"compiler.site": {"sys.modules.get(module_name)"}}
+
+
 def test_numerics_imports_only_formats_constants_and_containers():
     allowed = {"formats", "constants", "tensor", "recipe", "saved"}
     assert imports_in((ROOT / "numerics.py").read_text(), "numerics") <= allowed
@@ -71,3 +104,17 @@ def test_the_check_resolves_relative_imports():
         "compiler", "kernels.config"}
     assert imports_in("from .policy import Plan\n", "lowerings.__init__") == {"lowerings.policy"}
     assert layer_of("kernels.x") > layer_of("compiler.fused")
+    lazy = "def steps():\n    from .triton import STEPS\n    return STEPS\n"
+    assert imports_in(lazy, "lowerings.triton_target") == {"lowerings.triton"}
+
+
+def test_the_check_sees_imports_by_name():
+    source = "\n".join([
+        'import importlib, sys', 'from importlib import import_module',
+        'def load(name):', '    return importlib.import_module(name, __package__).STEPS',
+        'import_module(".triton")', '__import__("cudnn")',
+        'sys.modules.get("nvfp4_inductor.nn")', 'sys.modules["nvfp4_inductor.ops"]', 'sys.modules.get(MODULE)',
+        'sys.modules.get("torch.distributed.tensor")', 'sys.modules["torch"]', ''])
+    assert imports_by_name(source) == {
+        "importlib.import_module(name, __package__)", "import_module('.triton')", "__import__('cudnn')",
+        "sys.modules.get('nvfp4_inductor.nn')", "sys.modules['nvfp4_inductor.ops']", "sys.modules.get(MODULE)"}

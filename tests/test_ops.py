@@ -807,7 +807,7 @@ def test_fused_step_ops(activation, clamp):
     steps return (here the cudnn step table over its CPU simulator), pass opcheck, and name
     a target that has no fused steps."""
     from nvfp4_inductor import lowerings
-    from nvfp4_inductor.lowerings import cudnn
+    from nvfp4_inductor.testing import simulated_target
 
     f, gated = 64, activation == "swiglu"
     f1 = 2 * f if gated else f
@@ -816,7 +816,7 @@ def test_fused_step_ops(activation, clamp):
     fc1 = _gemm_operands(21, k=64, n=f1)
     dgrad = _gemm_operands(23, k=64, n=f)
     c = _randn(_gen(24), sum(UNEVEN), f1)
-    target = cudnn.simulated_target()
+    target = simulated_target()
     steps = target.steps()
     with lowerings.registered(target):
         fc1_args = (*fc1, probs, activation, clamp, MASK, want_amax, target.name)

@@ -284,3 +284,81 @@ def test_made_up_target_refused_for_an_activation_it_does_not_run():
         mlp, args = _model("srelu")
         [s] = nv.explain(mlp, *args).sites
         assert s.target == "counting"
+
+
+# ---------------------------------------------------------------------------------------
+# docs/architecture.md, "Adding a target", step by step
+
+
+def test_a_target_added_as_the_architecture_doc_says():
+    """A vendor target whose vendor API is the CPU simulator of the cuDNN frontend
+    (``nvfp4_inductor.testing.cudnn_sim``), added from outside the package by the four
+    documented steps: the policy plans it, its table is built when it first runs, explain
+    names it, and compiled == eager bitwise."""
+    from nvfp4_inductor import numerics
+    from nvfp4_inductor.lowerings import cudnn
+    from nvfp4_inductor.testing import cudnn_sim
+
+    # 1. Its step table: the vendor's GEMMs and fused kernels, the reference's quantizers;
+    #    its GEMM compared with numerics.py.
+    sizes = torch.tensor([10, 0, 30])
+    xq = numerics.group_quantize_torch(torch.randn(40, 64, dtype=torch.bfloat16), sizes)
+    wq = numerics.quantize_weights_torch(torch.randn(3, 128, 64, dtype=torch.bfloat16))
+    gemm = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
+    assert torch.equal(cudnn.make_steps(cudnn_sim, REFERENCE_STEPS).grouped_gemm(*gemm),
+                       numerics.grouped_gemm_torch(*gemm))
+
+    # 2. Its probe: what the installed API can do, read from its wrappers' signatures; its
+    #    fused fc1 reads the fp32 accumulator, so it says fused_d_from_stored_c=False.
+    def probe(device):
+        return cudnn.wired(cudnn.capabilities_from_signatures(cudnn.read_signatures(cudnn_sim)))
+
+    caps = probe(torch.device("cpu"))
+    assert caps.fused_activations == ALL and not caps.fused_d_from_stored_c
+
+    # 3. Declare it: steps() builds the table when the target first runs.
+    built = []
+
+    def steps():
+        if not built:
+            built.append(cudnn.make_steps(cudnn_sim, REFERENCE_STEPS))
+        return built[0]
+
+    target = Target("vendor", steps=steps, probe=probe, device_types=("cpu",), describe=cudnn.describe)
+
+    # 4. Register it.
+    with lowerings.registered(target, before="reference"):
+        p = choose_plan(SiteSpec.on("cpu", "swiglu"), nv.Recipe())
+        assert (p.target, p.fused_fc1, p.fused_dgrad) == ("vendor", True, True) and not built
+        torch.manual_seed(0)
+        mlp = nv.GroupedMLP(3, 64, 128, "swiglu")
+        args = (torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True), sizes,
+                torch.rand(40, requires_grad=True))
+        [s] = nv.explain(mlp, *args).sites
+        assert s.target == "vendor" and cudnn.FC1_GLU in s.reason
+        compare = nv.compare(mlp, *args, compiler="aot_eager")
+        assert compare.bitwise, str(compare)
+    assert len(built) == 1 and "vendor" not in [t.name for t in lowerings.targets()]
+
+
+def test_importing_the_package_imports_no_step_table_and_no_vendor_package():
+    """The built-in targets' step tables (and the vendor package the cudnn one calls) are
+    imported when a target first runs (its ``steps``), not with the package; nor is
+    ``nvfp4_inductor.testing``."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    lazy = ["nvfp4_inductor.lowerings.reference", "nvfp4_inductor.lowerings.triton", "cudnn", "nvfp4_inductor.testing"]
+    root = str(pathlib.Path(nv.__file__).parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+    def imported_after(statement):
+        code = f"import sys, nvfp4_inductor; {statement}; print([m for m in {lazy!r} if m in sys.modules])"
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return run.stdout.strip()
+
+    assert imported_after("pass") == "[]"
+    assert imported_after("nvfp4_inductor.lowerings.get_target('reference').steps()") == (
+        "['nvfp4_inductor.lowerings.reference']")

@@ -1,4 +1,4 @@
-"""What torch.compile sees of our kernels when it traces their launches (lowerings/inline.py).
+"""What torch.compile sees of our kernels when it traces their launches (target_ops.py).
 
 Traced, a launch's written tensors are not declared: torch finds them by analysing the
 kernel's IR (``identify_accessed_tensors``; ``identify_mutated_tensors`` before 2.13),
@@ -27,9 +27,9 @@ from typing import Optional
 import pytest
 import torch
 
-from nvfp4_inductor import lowerings
+from nvfp4_inductor import lowerings, target_ops
 from nvfp4_inductor.kernels import _registry
-from nvfp4_inductor.lowerings.inline import target_op
+from nvfp4_inductor.target_ops import target_op
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,13 +191,13 @@ def test_target_op_becomes_its_body_only_where_its_target_inlines(use_steps):
     reference, whose torch arithmetic Inductor would re-generate). Its own value is kept."""
     from nvfp4_inductor.lowerings.reference import STEPS
 
-    assert not lowerings.inline.inlines(None, "cpu")  # the CPU's default target: the reference
+    assert not target_ops.inlines(None, "cpu")  # the CPU's default target: the reference
     inlined = use_steps(STEPS, inline=True).name
-    assert lowerings.inline.inlines(inlined, "cpu") and not lowerings.inline.inlines("reference", "cpu")
+    assert target_ops.inlines(inlined, "cpu") and not target_ops.inlines("reference", "cpu")
     assert "nvfp4_test.twice.default" not in _forward_graph(inlined)
     assert "aten.mul.Tensor" in _forward_graph(inlined)
     assert "nvfp4_test.twice.default" in _forward_graph("reference")
-    with lowerings.inline.launches_traced(False):  # the backend's trace_launches=False
+    with target_ops.launches_traced(False):  # the backend's trace_launches=False
         assert "nvfp4_test.twice.default" in _forward_graph(inlined)
 
 
@@ -213,7 +213,7 @@ def test_trace_launches_option_is_checked_and_reaches_the_compile():
 # The traced path as AOTAutograd traces it on a GPU, on this CPU (no kernel runs)
 #
 # On the CI the kernels run in Triton's interpreter, whose launches cannot be traced, so
-# the path a GPU compile takes (lowerings/inline.py: a fused op on the Triton target
+# the path a GPU compile takes (target_ops.py: a fused op on the Triton target
 # becomes its body, each kernel launch a ``triton_kernel_wrapper_functional`` node) never
 # runs here. A child process without TRITON_INTERPRET traces it instead: FakeTensors on
 # device "cuda" (a CPU-only torch lets fake tensors claim a CUDA device), the SM90 stand-in
@@ -243,7 +243,7 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
     from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK
     from nvfp4_inductor.kernels import _registry, api, config
     from nvfp4_inductor.kernels.config import Bf16GemmConfig
-    from nvfp4_inductor.lowerings.inline import launches_traced
+    from nvfp4_inductor.target_ops import launches_traced
     from nvfp4_inductor.saved import SavedForBackward
 
     assert not _registry.INTERPRET, "the child must run Triton's compiler front end, not its interpreter"
@@ -415,7 +415,7 @@ def test_fused_step_traces_into_kernel_launches_on_a_gpu_target(tmp_path):
         results[mode] = __import__("json").loads((tmp_path / f"{mode}.json").read_text())
 
     # control: the same forward with launches_traced(False) holds the fused op, so the
-    # checks below would see an op that the rule in lowerings/inline.py failed to inline
+    # checks below would see an op that the rule in target_ops.py failed to inline
     for mode, result in results.items():
         assert "nvfp4.grouped_mlp_fwd.default" in result["graphs"].pop("untraced")["targets"], mode
         # with reuse_weight_casts the weight stacks' casts are the eager op (run at every step,

@@ -27,10 +27,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import kernels
 from ..lowerings import Plan, SiteSpec, choose_plan, get_target
-from ..lowerings.inline import launches_traced
-from ..lowerings.launch_analysis import launches_analysed_once
 from ..recipe import Recipe
+from ..target_ops import launches_traced
 from .fused import fused_grouped_mlp, site_options
+from .launch_analysis import launches_analysed_once
 from .legality import weight_shape
 from .match_grouped_mlp import recipe_call
 from .options import BackendOptions
@@ -339,7 +339,7 @@ def _site_count(gm: torch.fx.GraphModule) -> int:
 
 def traces_launches(gm: torch.fx.GraphModule, options: BackendOptions) -> bool:
     """Whether a rewritten graph's fused ops become kernel launches in Inductor's generated
-    code: ``trace_launches`` and a site whose plan's target inlines (lowerings/inline.py)."""
+    code: ``trace_launches`` and a site whose plan's target inlines (target_ops.py)."""
     if not options.trace_launches:
         return False
     targets = {node.kwargs.get("target") for module, _ in graph_modules(gm) for node in module.graph.nodes
@@ -424,7 +424,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
 
 def _inner_compile(*args, **kwargs):
     """Inductor's compile of one graph (forward, or the backward when first called), with
-    the traced launches analysed once (lowerings/launch_analysis.py)."""
+    the traced launches analysed once (launch_analysis.py)."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     which = "backward" if kwargs.get("is_backward") else "forward"

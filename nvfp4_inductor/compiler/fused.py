@@ -34,7 +34,7 @@ dC's NVFP4 copies, then fc1's wgrad and dgrad as the eager GEMM ops, in the orde
 partitioner's CSE and the activation saved after all.
 Three ops rather than one let the compiled backward free each saved tensor after its last
 reader (benchmarks/memory_model.py) where the ops stay whole. On the Triton target they do
-not: made with ``lowerings.inline.target_op``, each is traced as its body, so Inductor's
+not: made with ``target_ops.target_op``, each is traced as its body, so Inductor's
 generated code launches the kernels itself and plans every buffer; the stochastic-rounding
 seeds are then the one opaque op, ``nvfp4::draw_sr_seeds``.
 Every non-tensor argument of the ops (the activation, the recipe's fields, recompute, the
@@ -52,11 +52,11 @@ from torch import Tensor
 from .. import ops
 from ..constants import BLOCK
 from ..lowerings import Plan, steps_for
-from ..lowerings.inline import target_op
 from ..numerics import columnwise_capacity, copy_amaxes, draw_seed
 from ..recipe import Recipe
 from ..saved import LABELS, REGENERATED, SavedForBackward
 from ..sizes import size_hint
+from ..target_ops import target_op
 from ..tensor import NVFP4WeightStack
 from ..validate import check_group_sizes_values, check_grouped_mlp_args
 

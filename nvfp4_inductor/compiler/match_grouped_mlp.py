@@ -15,33 +15,22 @@ recipe). Accepts bf16, as the eager function does.
 
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import torch
 
 from ..activations import activation_names, get_activation
+from ..nn import grouped_mlp_call
 from ..recipe import Recipe
 from .legality import can_grouped_mlp
 from .nodes import Node, arg, shape
 from .site import GroupSizes, Rejection, Site, Weight, location_of
 
-MODULE = "nvfp4_inductor.nn"
-
-
-def _grouped_mlp_fn():
-    """The function to look for; when its module was never imported no graph holds it."""
-    module = sys.modules.get(MODULE)
-    return getattr(module, "grouped_mlp_call", None)
-
 
 def find_grouped_mlp(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
-    fn = _grouped_mlp_fn()
     sites, rejections = [], []
-    if fn is None:
-        return sites, rejections
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not fn:
+        if node.op != "call_function" or node.target is not grouped_mlp_call:
             continue
         found = grouped_mlp_site(node)
         if isinstance(found, Site):

@@ -20,10 +20,10 @@ class BackendOptions:
         Inductor's code generation: a bisecting aid, and fast to compile on CPU.
     trace_launches: where the site's target allows it (``Target.inline``: the Triton
         kernels on a GPU), the fused ops are traced as their kernel launches, which
-        Inductor's generated code makes itself (``lowerings/inline.py``; much less host
+        Inductor's generated code makes itself (``target_ops.py``; much less host
         time per step). False keeps every fused op one call (a fallback); torch's analysis
         of each traced launch while compiling is done once per distinct launch
-        (``lowerings/launch_analysis.py``); the results are the same bits either way.
+        (``compiler/launch_analysis.py``); the results are the same bits either way.
     reuse_weight_casts: each weight stack's NVFP4 copies come from one opaque op
         (``nvfp4::quantize_weights_from``) that, inside a ``nvfp4_inductor.reuse_weight_casts()``
         block, reuses the copies the block kept from its first cast of that stack: the

@@ -80,7 +80,7 @@ def stacked_groups(rows: int, rows_per_group: int) -> int:
 
 def _functionalizing() -> bool:
     """Whether AOTAutograd is tracing (its FunctionalTensorMode is on): a body that calls
-    this op is being inlined into a compiled graph (``lowerings/inline.py``), so the launch
+    this op is being inlined into a compiled graph (``target_ops.py``), so the launch
     must reach the graph through the op."""
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL) is not None
 

@@ -3,23 +3,22 @@
 
 Status: nothing here has run on a Blackwell GPU. The step table is wired for
 the plain grouped GEMM, the grouped wgrad and the fused SReLU / tanh-SReLU / SwiGLU kernels
-and runs in CI over the CPU simulator (``cudnn_sim``). The kernels' fused epilogues compute something other than our unfused
-steps (the activation on the fp32 accumulator: docs/numerics.md section 7), so on this
-target "eager" means the plan's fused kernels (the eager chain runs them too, and compiled
-== eager holds bitwise), and D is not regenerable from the saved C (``fused_d_from_stored_c``
-False: rule 5 saves D's column-wise copy).
+and runs in CI over the CPU simulator (``nvfp4_inductor.testing.cudnn_sim``). The kernels'
+fused epilogues compute something other than our unfused steps (the activation on the fp32
+accumulator: docs/numerics.md section 7), so on this target "eager" means the plan's fused
+kernels (the eager chain runs them too, and compiled == eager holds bitwise), and D is not
+regenerable from the saved C (``fused_d_from_stored_c`` False: rule 5 saves D's column-wise
+copy).
 
 Until a run on SM100 has checked it, the probe refuses (``STEP_TABLE_READY``) and the
-policy passes the target over; ``check_target`` registers it explicitly
+policy passes the target over; ``cudnn_target.check_target`` registers it explicitly
 (benchmarks/blackwell_check.py). The guard stays: the simulator is written from the
 wrappers' documented contract, so CI proves our wiring against that contract only; whether
 the real wrappers take our layouts (the 128x4 scale swizzle, the 256-row expert padding,
 the GLU interleave, the wgrad's per-expert scale tiles) and keep their contract is what a
-real run must show first. What is here:
+real run must show first. The target (where it runs, as data, and its step table, built
+when it first runs) is declared in ``lowerings/cudnn_target.py``. What is here:
 
-* where it runs, as data: CUDA, compute capability 10.0 to 11.x (every fused grouped-GEMM
-  wrapper of the frontend refuses SM90 in its ``check_support``; SM12x lacks the 2-CTA
-  tcgen05 MMA the kernels use);
 * ``capabilities_from_signatures``: a pure function of the installed wrappers'
   ``inspect.signature`` (never a version string): which activations the fused fc1 /
   fc2-dgrad wrappers implement (tanh-SReLU only where both the srelu and the dsrelu
@@ -28,7 +27,8 @@ real run must show first. What is here:
   the kernels' N alignment (64);
 * ``probe``: imports ``cudnn`` lazily, reads the signatures once per process;
 * ``describe``: which wrapper each fused step would call, and why (rules 3 and 4 of
-  docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``.
+  docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``;
+* ``make_steps``: the step table over a frontend's wrappers.
 
 The wrappers' layouts (256-row expert padding, 128x4 swizzled scale factors, the 32-column
 GLU interleave, per-expert alpha, the wgrad's token-major operands) are pure adapters in
@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 from typing import Mapping, Optional, Union
 
 import torch
 
-from .target import Capabilities, Target
+from .target import Capabilities
 
 PACKAGE = "nvidia-cudnn-frontend"
 
@@ -150,10 +149,10 @@ def read_signatures(module) -> dict[str, Union[inspect.Signature, str]]:
 def installed_capabilities() -> Union[Capabilities, str]:
     """Capabilities of the installed frontend (read once per process)."""
     try:
-        module = importlib.import_module("cudnn")
+        import cudnn
     except ImportError:
         return f"cudnn: {PACKAGE} is not installed (pip install 'nvfp4_inductor[cudnn]')"
-    return capabilities_from_signatures(read_signatures(module))
+    return capabilities_from_signatures(read_signatures(cudnn))
 
 
 def wired(caps: Capabilities, fused: bool = True) -> Capabilities:
@@ -203,7 +202,7 @@ def describe(plan, site, recipe) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# The step table over a frontend (the ``cudnn`` package, or ``cudnn_sim``)
+# The step table over a frontend (the ``cudnn`` package, or ``testing.cudnn_sim``)
 
 
 def make_steps(fe, base):
@@ -307,42 +306,3 @@ def make_steps(fe, base):
 
 # What the wired step table fuses.
 WIRED = frozenset({"srelu", "tanh_srelu", "swiglu"})
-
-
-def _steps():
-    """The real step table: the frontend's wrappers; quantizers and the unfused activations
-    from the Triton target (bit-exact twins of the reference)."""
-    from .triton import STEPS as TRITON_STEPS
-
-    return make_steps(importlib.import_module("cudnn"), TRITON_STEPS)
-
-
-def check_target(name: str = "cudnn_check", fused: bool = True) -> Target:
-    """The real cudnn target with its probe ungated, for an explicit registration (the
-    Blackwell check): the installed frontend's capabilities, restricted to what is wired."""
-
-    def probe_now(device):
-        caps = installed_capabilities()
-        return caps if isinstance(caps, str) else wired(caps, fused)
-
-    return dataclasses.replace(CUDNN, name=name, probe=probe_now)
-
-
-def simulated_target(name: str = "cudnn_sim", base=None, fused: bool = True) -> Target:
-    """The cudnn step table over ``cudnn_sim`` on CPU tensors, with the capabilities the
-    probe reads from the simulator's signatures (1.32's) restricted to what is wired: for
-    tests (register it with ``lowerings.registered``). `base`: the step table it borrows
-    quantizers and unfused activations from (default: the reference's); `fused` False: no
-    fused kernels (every step unfused)."""
-    from . import cudnn_sim
-    from .reference import STEPS as REFERENCE_STEPS
-
-    steps = make_steps(cudnn_sim, base or REFERENCE_STEPS)
-    caps = wired(capabilities_from_signatures(read_signatures(cudnn_sim)), fused)
-    return Target(name, lambda: steps, lambda device: caps, device_types=("cpu",), describe=describe)
-
-
-# SM10x/SM11x (tcgen05, 2-CTA MMA). SM12x passes the wrappers' own gate (>= 10.0) but the
-# kernels are SM10x-class and are expected to fail at JIT compile there: refused here.
-CUDNN = Target("cudnn", _steps, probe, device_types=("cuda",), min_capability=(10, 0), max_capability=(11, 99),
-               describe=describe)

@@ -15,47 +15,15 @@ definition every other target is tested against).
 from __future__ import annotations
 
 import contextlib
-import importlib
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
-import torch
+from .cudnn_target import CUDNN
+from .reference_target import REFERENCE
+from .target import Target
+from .triton_target import TRITON
 
-from .. import activations
-from .cudnn import CUDNN  # imports no vendor package: its probe does, lazily
-from .target import Capabilities, Target
-
-
-def _load(module: str):
-    return lambda: importlib.import_module(module, __package__).STEPS
-
-
-def _reference_probe(device: torch.device) -> Capabilities:
-    return Capabilities(dtypes=frozenset({torch.bfloat16, torch.float16, torch.float32}))
-
-
-def _triton_probe(device: torch.device) -> Union[Capabilities, str]:
-    from .. import kernels
-
-    if not kernels.available(device):
-        return f"triton: the kernels do not run on {device} (Triton missing, or no CUDA)"
-    # The fused kernels implement the activations that have Triton code. No fused_amax: D's
-    # amaxes come from one amax pass, cheaper than reading D back in the fc1 epilogue
-    # (kernels/grouped_gemm_act.py).
-    fused = frozenset(name for name in activations.activation_names()
-                      if activations.get_activation(name).triton_code is not None)
-    return Capabilities(fused_activations=fused)
-
-
-def _triton_inline() -> bool:
-    from .. import kernels
-
-    return kernels.TRACEABLE
-
-
-TRITON = Target("triton", _load(".triton"), _triton_probe, device_types=("cuda",), min_capability=(8, 0),
-                inline=_triton_inline)
-REFERENCE = Target("reference", _load(".reference"), _reference_probe)
-
+# Each built-in target is declared in its own module (``<name>_target.py``), which imports
+# no step table, Triton or vendor package: its ``steps`` does, when the target first runs.
 _TARGETS: list[Target] = [CUDNN, TRITON, REFERENCE]
 
 

@@ -66,7 +66,7 @@ class Target:
     describe: ``describe(plan, site, recipe)`` -> what the target's plan runs and why, in
         words (which vendor kernel for each fused step), appended to the plan's reason.
     inline: ``inline()`` -> whether a compiled graph may hold its steps themselves instead
-        of one opaque call per op (``lowerings/inline.py``): only for steps made of Triton
+        of one opaque call per op (``target_ops.py``): only for steps made of Triton
         launches and exact integer and copy torch ops, which Inductor runs with the same
         bits. False by default.
     """

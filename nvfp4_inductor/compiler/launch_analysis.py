@@ -1,6 +1,6 @@
 """torch's analysis of a traced kernel launch, done once per distinct launch instead of per call.
 
-Where launches are traced (``inline.py``), torch finds the tensors each launch writes by
+Where launches are traced (``target_ops.py``), torch finds the tensors each launch writes by
 generating the kernel's Triton IR and walking it. It does this afresh for every launch,
 several times per launch: AOTAutograd's two passes over the forward and the joint graph,
 then Inductor's lowering and its graph checks. Generating the IR is most of a fused

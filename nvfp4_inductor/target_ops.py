@@ -23,8 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
-from . import registry
-from .policy import choose_target
+from .lowerings import choose_target, get_target
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, FunctionalTensor)
 _ENABLED = True
@@ -45,7 +44,7 @@ def launches_traced(enabled: bool) -> Iterator[None]:
 def inlines(target: Optional[str], device) -> bool:
     """Whether an op running `target` (None: the device's default target) on `device` is
     traced as its steps."""
-    chosen = registry.get_target(target) if target is not None else choose_target(device)
+    chosen = get_target(target) if target is not None else choose_target(device)
     return _ENABLED and chosen.inline()
 
 
