@@ -394,7 +394,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     """Inductor's config for our graphs: torch.compile's ``mode`` as stock Inductor takes
     it; the Python wrapper where the graph's fused ops are `traced` as launches and the
     user set Inductor's C++ wrapper (``CPP_WRAPPER_REFUSED`` says why; seen on the H200 with
-    torch 2.11, benchmarks/NOTES.md runs I2-I3, and 2.13's wrapper sizes the scratch the same
+    torch 2.11, docs/decisions.md "Host time", and 2.13's wrapper sizes the scratch the same
     way); this package's hash in Inductor's cache keys (``_ChainedPass``); zero-size
     stand-in tensors made again in the backward, not saved
     (``_RecomputeEmptyPlaceholders``); each checkpointed site's recompute run before its

@@ -44,10 +44,10 @@ def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regen
 # Triton 3.9, 128 groups: 30.0 -> 36.6, 196 registers, no spills: benchmarks/cast_sass.py),
 # and saves the activation kernel's pass (C read, D written, D read again by the cast): on
 # the H200, at its own tiles (config.cast_config's act_in), 115 / 75 / 58 us at S4 / S1 / S3
-# against the two launches' 147 / 95 / 74 (benchmarks/NOTES.md, run A3). tanh-SReLU and SwiGLU
+# against the two launches' 147 / 95 / 74 (docs/decisions.md, Casts). tanh-SReLU and SwiGLU
 # multiply the cast's instructions by 2.4 and 2.3 (SwiGLU with 304 bytes of spills) in a
 # kernel bound by its instruction issue and latency: SwiGLU's fused cast measured 219 / 174 /
-# 110 us against 175 / 115 / 90 (run A5), so they stay two launches (activation kernel, then cast).
+# 110 us against 175 / 115 / 90 (same section), so they stay two launches (activation kernel, then cast).
 _D_MADE_IN_CAST = frozenset({"srelu"})
 
 
@@ -65,7 +65,7 @@ STEPS = Steps(
     group_hadamard_amax=kernels.group_hadamard_amax,
     quantize_weights=kernels.quantize_weights,
     # fprop/dgrad and wgrad: dequantize -> bf16 GEMM, 1.3-2.25x faster than in-register
-    # dequant (benchmarks/NOTES.md run P1). fc1_act_amax / fc2_dgrad_act run the same
+    # dequant (docs/decisions.md, GEMM operands). fc1_act_amax / fc2_dgrad_act run the same
     # dequantize and the same K loop (grouped_gemm_bf16.bf16_tile_acc, natural K order, so
     # their own tile configs change no bit), so the fused steps stay bit-identical to
     # grouped_gemm -> activation: fusing changes no bit of this target's results, and D
