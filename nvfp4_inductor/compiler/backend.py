@@ -345,6 +345,7 @@ def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler
         given = {**dataclasses.asdict(configured), "recipe": configured.recipe, **(options or {})}
         return compile_graph(gm, example_inputs, BackendOptions.parse(given), mode=mode)
 
+    nvfp4_configured.options = configured  # what inspection.py's tools compile with
     return nvfp4_configured
 
 
