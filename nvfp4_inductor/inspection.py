@@ -506,6 +506,7 @@ def _dump_folder(path) -> pathlib.Path:
 
 
 DUMP_INDEX = "INDEX.txt"
+DUMP_REWRITTEN = "nvfp4_rewritten"
 # Dynamo names each graph __compiled_fn_<n>_<uuid4 with underscores>, n counting across the process
 _GRAPH_NAME = re.compile(r"__compiled_fn_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?")
 # a line that runs a grouped MLP: the rewrite's call, an nvfp4:: op, Inductor's note on the nodes it fused
@@ -514,8 +515,8 @@ _GROUPED_MLP_LINE = re.compile(r"(fused_grouped_mlp)\(|\bnvfp4\.(\w+)\.default\(
 _DUMPED = (
     ("__compiled_fn_", "the graph as Dynamo captured it, before the nvfp4 rewrite"),
     ("pre_insert_deferred_runtime_asserts", "the graph as Dynamo captured it, before its runtime asserts"),
-    ("BEFORE_PRE_GRAD", "the graph after the nvfp4 rewrite (each site one fused_grouped_mlp call), as Inductor "
-                        "receives it"),
+    (DUMP_REWRITTEN, "the graph after the nvfp4 rewrite: each site one fused_grouped_mlp call"),
+    ("BEFORE_PRE_GRAD", "the graph after the nvfp4 rewrite, as Inductor receives it"),
     ("Joint_graph", "AOTAutograd's joint forward and backward graph"),
     ("tensorify_python_scalars", "AOTAutograd's joint graph after its tensorify_python_scalars pass"),
     ("Forward_graph", "AOTAutograd's forward graph (after the partition)"),
@@ -545,8 +546,9 @@ def _stable_names(path: pathlib.Path) -> dict[str, str]:
             text = ""
         if stable(text) != text:
             p.write_text(stable(text))
-        if stable(p.name) != p.name:
-            p.rename(p.with_name(stable(p.name)))
+    moving = [(p.rename(p.with_name(p.name + ".renaming")), stable(p.name)) for p in files if stable(p.name) != p.name]
+    for p, name in moving:  # in two steps: a new name may be another file's old one
+        p.rename(p.with_name(name))
     return {new: f"__compiled_fn_{n}" for n, new in renamed.items()}
 
 
@@ -593,13 +595,18 @@ def dump_code(fn: Callable, *, path, backend="nvfp4") -> Callable[..., list[path
     as they were. A folder an earlier dump_code wrote is emptied first, so old and new
     files never mix; a folder holding anything else is refused. The fused ops' options
     read by name in the graphs and the code (``activation='swiglu', rht=True``)."""
-    backend_options(backend)  # checked here, not at the call
+    options = backend_options(backend)
+
+    def nvfp4_dumped(gm, example_inputs, **kw):  # the nvfp4 backend, writing the graph it rewrote
+        backend_mod.rewrite_graph(gm, options)
+        torch._dynamo.utils.lazy_format_graph_code(DUMP_REWRITTEN, gm)  # depyf writes each graph torch formats
+        return backend_mod.compile_rewritten(gm, example_inputs, options)
 
     def nvfp4_dump_code(*args, **kwargs) -> list[pathlib.Path]:
         import depyf
 
         folder = _dump_folder(path)
-        compiled = compile_apart(fn, backend)
+        compiled = compile_apart(fn, nvfp4_dumped)
         with (torch._inductor.config.patch(force_disable_caches=True), depyf.prepare_debug(str(folder)),
               _callers_grads_kept([t for _, t in _grad_inputs(fn, args, kwargs)])):
             outs = [o for o in _flatten(compiled(*args, **kwargs)) if o.requires_grad]
