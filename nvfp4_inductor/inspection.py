@@ -510,7 +510,8 @@ DUMP_REWRITTEN = "nvfp4_rewritten"
 # Dynamo names each graph __compiled_fn_<n>_<uuid4 with underscores>, n counting across the process
 _GRAPH_NAME = re.compile(r"__compiled_fn_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?")
 # a line that runs a grouped MLP: the rewrite's call, an nvfp4:: op, Inductor's note on the nodes it fused
-_GROUPED_MLP_LINE = re.compile(r"(fused_grouped_mlp)\(|\bnvfp4\.(\w+)\.default\(|Source Nodes: \[[^\]]*\b(fused_grouped_mlp)\b")
+_GROUPED_MLP_LINE = re.compile(r"(fused_grouped_mlp)\(|\bnvfp4\.(\w+)\.default\("
+                               r"|Source Nodes: \[[^\]]*\b(fused_grouped_mlp)\b")
 # what depyf's files hold, by the part of their name after the graph's
 _DUMPED = (
     ("__compiled_fn_", "the graph as Dynamo captured it, before the nvfp4 rewrite"),

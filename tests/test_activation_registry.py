@@ -93,10 +93,10 @@ class ReluMoE(nn.Module):
 def test_registered_relu_is_recognised_and_compiled_bitwise(relu_registered, prob):
     torch.manual_seed(0)
     model = ReluMoE(prob)
-    report = nv.explain(model, *model.inputs(0))
+    report = nv.explain(model)(*model.inputs(0))
     assert [(s.spelling, s.activation) for s in report.sites] == [("token_permutation", "relu")], str(report)
     assert report.rejected == []
-    compared = nv.compare(model, *model.inputs(1), compiler="aot_eager")
+    compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*model.inputs(1))
     assert compared.bitwise, str(compared)
     assert len(compared.rows) == 1 + 4  # output; grads of x, router, fc1, fc2
 
@@ -107,7 +107,7 @@ def test_registered_relu_grouped_mlp_module_compiled_bitwise(relu_registered):
     assert mlp.fc1_weight.shape == (4, 48, 32)  # not gated: F1 = F
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(64, requires_grad=True)
-    compared = nv.compare(mlp, x, torch.tensor([10, 0, 31, 23]), probs, compiler="aot_eager")
+    compared = nv.compare(mlp, backend=nv.backend(compiler="aot_eager"))(x, torch.tensor([10, 0, 31, 23]), probs)
     assert compared.bitwise, str(compared)
 
 
