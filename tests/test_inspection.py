@@ -367,7 +367,7 @@ def test_inspection_keeps_compiled_code_after_graph_breaks():
 
 def test_explain_sees_the_sites_after_the_caller_compiled_with_nvfp4():
     model, ids = tiny_model("mixtral")
-    torch.compile(model, backend=nv.backend(**FAST))(ids)
+    torch.compile(model, **FAST)(ids)
     report = nv.explain(model)(ids)
     assert len(report.sites) == 1 and report.sites[0].spelling == "token_permutation"
     # on the CPU the reference runs: its ops stay whole in the compiled graph, and explain says so
