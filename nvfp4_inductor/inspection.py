@@ -349,11 +349,11 @@ class ExplainReport:
         if not self.sites and not self.rejected:
             out.append(NO_CANDIDATE.format(graphs=self.graphs)
                        + ("; the graph breaks below may have split one apart" if self.graph_breaks else ""))
-        apart = (lambda site: id(site)) if full else None
+        row, plan = (id, id) if full else (SiteReport.row, SiteReport.plan)
+        plans = _grouped(self.sites, plan)
         if self.sites:
-            rows = _grouped(self.sites, apart or SiteReport.row)
             out.append(format_table(["#", "site", "spelling", "activation", "target", "saved for bwd"],
-                                    [[_ranges(indices), *site.row()] for indices, site in rows]))
+                                    [[_ranges(indices), *site.row()] for indices, site in _grouped(self.sites, row)]))
         if self.rejected:
             out.append("\nnot rewritten (run as stock Inductor would):")
             out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
@@ -366,10 +366,12 @@ class ExplainReport:
         elif self.graphs > 1:
             out.append(f"\n{self.graphs} graphs, but Dynamo logged no graph break: a recompile, or a torch whose "
                        "Dynamo words its graph-break log differently (TORCH_LOGS=graph_breaks prints it)")
-        for indices, site in _grouped(self.sites, apart or SiteReport.plan):
+        for indices, site in plans:
             which = f"site {indices[0]}" if len(indices) == 1 else f"sites {_ranges(indices)} (same plan)"
             out.append(f"\n{which}: {site.reason}")
             out.extend(site.details())
+        if len(plans) < len(self.sites):
+            out.append("\n(sites with the same plan printed once; report.text(full=True) prints each)")
         return "\n".join(out)
 
 
@@ -514,7 +516,7 @@ _GROUPED_MLP_LINE = re.compile(r"(fused_grouped_mlp)\(|\bnvfp4\.(\w+)\.default\(
                                r"|Source Nodes: \[[^\]]*\b(fused_grouped_mlp)\b")
 # what depyf's files hold, by the part of their name after the graph's
 _DUMPED = (
-    ("__compiled_fn_", "the graph as Dynamo captured it, before the nvfp4 rewrite"),
+    ("__compiled_fn_", "the graph Dynamo captured, as the backend receives it (before the nvfp4 rewrite)"),
     ("pre_insert_deferred_runtime_asserts", "the graph as Dynamo captured it, before its runtime asserts"),
     (DUMP_REWRITTEN, "the graph after the nvfp4 rewrite: each site one fused_grouped_mlp call"),
     ("BEFORE_PRE_GRAD", "the graph after the nvfp4 rewrite, as Inductor receives it"),
@@ -523,7 +525,7 @@ _DUMPED = (
     ("Forward_graph", "AOTAutograd's forward graph (after the partition)"),
     ("Backward_graph", "AOTAutograd's backward graph (after the partition)"),
     ("AFTER_POST_GRAD", "Inductor's graph after its post-grad passes (.0 forward, .1 backward)"),
-    ("kernel_", "Inductor's generated code (.0 forward, .1 backward)"),
+    ("kernel_", "Inductor's generated code (kernel_0 the forward, kernel_1 the backward)"),
     ("__transformed_code_", "a frame's bytecode as Dynamo rewrote it, decompiled: it calls the compiled graphs"),
     ("full_code_for_", "a frame's rewritten code with its guards"),
 )
