@@ -57,7 +57,7 @@ def check_simulated() -> None:
     for fused in (False, True):
         mlp, args = small_model("cpu")
         with lowerings.registered(simulated_target(fused=fused)):
-            report = nv.compare(mlp, *args, compiler="aot_eager")
+            report = nv.compare(mlp, backend=nv.backend(compiler="aot_eager"))(*args)
         verdict(f"simulated cudnn step (fused={fused}), compiled == eager (CPU)", report.bitwise,
                 "bitwise" if report.bitwise else str(report))
 
@@ -117,12 +117,12 @@ def check_compiled(device) -> None:
     for fused in (False, True):
         mlp, args = small_model(device)
         with lowerings.registered(check_target(fused=fused)):
-            [site] = nv.explain(mlp, *args).sites
+            [site] = nv.explain(mlp)(*args).sites
             if site.target != "cudnn_check":
                 verdict(f"compiled step on cudnn (fused={fused})", False, f"not planned on cudnn: {site.reason}")
                 continue
-            on = nv.compare(mlp, *args)
-            off = nv.compare(mlp, *args, recompute=False)
+            on = nv.compare(mlp)(*args)
+            off = nv.compare(mlp, backend=nv.backend(recompute=False))(*args)
         for recompute, report in (("on", on), ("off", off)):
             verdict(f"compiled == eager on cudnn (fused={fused}), recompute {recompute}", report.bitwise,
                     "bitwise" if report.bitwise else str(report))

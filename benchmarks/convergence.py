@@ -260,7 +260,7 @@ def explain_sites(cfg, device, batch=2):
     """Grouped MLPs the nvfp4 backend finds in the model (expected: one per layer)."""
     model = build_model(cfg, 0, device)
     idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), device=device)
-    return nv.explain(model, idx, idx)
+    return nv.explain(model)(idx, idx)
 
 
 def _sync(device):

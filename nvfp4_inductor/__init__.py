@@ -3,7 +3,8 @@
     torch.compile(model, backend="nvfp4")             # or backend=nvfp4_inductor.backend(...)
     nvfp4_inductor.GroupedMLP / grouped_mlp           # eager NVFP4 (the reference semantics)
     nvfp4_inductor.quantize / group_quantize          # NVFP4 quantizers (docs/numerics.md 1-4)
-    nvfp4_inductor.explain / dump_code / compare      # look inside and check, bitwise
+    nvfp4_inductor.explain(model)(*args, **kwargs)    # look inside; also dump_code, compare (bitwise),
+                                                      # each with backend=nvfp4_inductor.backend(...)
     nvfp4_inductor.reuse_weight_casts                 # cast weights once per optimizer step
     nvfp4_inductor.Precision                          # which expert layers train in NVFP4 (backend option)
 """

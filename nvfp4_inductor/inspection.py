@@ -1,5 +1,10 @@
 """Look inside and check: ``explain``, ``dump_code``, ``compare``.
 
+Each is called as torch._dynamo.explain is: ``tool(fn, backend=..., <tool options>)``
+returns a callable, and ``(*args, **kwargs)`` on it are all the model's, so a model
+argument named like a tool option (``seed``, ``scope``, ``backend``) reaches the model.
+``backend`` is "nvfp4" or what ``nvfp4_inductor.backend(...)`` returns.
+
 Each compiles `fn` afresh and leaves what the caller compiled alone (``compile_apart``):
 its first frame runs a copy of `fn`'s code object, and where torch has them (2.13+) its
 entries live in a recompile region of their own, so no cached entry of an earlier compile
@@ -7,7 +12,8 @@ answers for it and nothing is thrown away (no ``torch._dynamo.reset()``): a mode
 compiled before runs afterwards without recompiling. Two things Dynamo keeps per
 function, not per compile, are shared: a frame an earlier compile gave up on ("skipping
 the function") is skipped here too, so its graph breaks are not listed again, and sizes
-seen with other values before may be traced as dynamic. The reports print as tables.
+seen with other values before may be traced as dynamic. The reports print as tables,
+summary first; ``report.text(full=True)`` lists every site and every parameter.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ from .compiler import backend as backend_mod
 from .compiler.fused import describe_steps, saved_for_backward
 from .compiler.options import BackendOptions
 from .lowerings import get_target
-from .recipe import Recipe
 from .target_ops import inlines, launches_traced
 
 
@@ -42,10 +47,35 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _options(recipe: Optional[Recipe], recompute: bool, compiler: str = "inductor",
-             reuse_weight_casts: bool = False) -> BackendOptions:
-    return BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
-                                 "reuse_weight_casts": reuse_weight_casts})
+def backend_options(backend) -> BackendOptions:
+    """The options a tool compiles with, from its `backend` argument: "nvfp4" (the backend's
+    registered name: its default options) or what ``nvfp4_inductor.backend(...)`` returns."""
+    if isinstance(backend, str) and backend == backend_mod.BACKEND_NAME:
+        return BackendOptions()
+    options = getattr(backend, "options", None)
+    if not isinstance(options, BackendOptions):
+        raise ValueError(f'backend must be "{backend_mod.BACKEND_NAME}" or what nvfp4_inductor.backend(...) '
+                         f"returns; got {backend!r}")
+    return options
+
+
+def _ranges(indices: list[int]) -> str:
+    """Site numbers as runs: [0, 1, 2, 3, 5] -> "0-3, 5"."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _grouped(items: list, key: Callable) -> list[tuple[list[int], Any]]:
+    """(indices, first item) for each distinct `key(item)`, in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(key(item), []).append(i)
+    return [(indices, items[indices[0]]) for indices in groups.values()]
 
 
 # ---------------------------------------------------------------------------------------
@@ -257,6 +287,7 @@ class SiteReport:
     estimated: bool = False  # saved bytes from size hints: some sizes are data-dependent
     traced: bool = False  # its target's launches are traced into Inductor's code (Target.inline)
     regions: tuple[str, ...] = ()  # the higher-order ops whose body holds it (rewrite.BODY_HOPS), outermost first
+    policy: str = "default"  # the precision policy's rule that chose its recipe (compiler/precision.py)
 
     @property
     def checkpointed(self) -> bool:
@@ -268,6 +299,37 @@ class SiteReport:
     def saved_bytes(self) -> int:
         return sum(b for *_, b in self.saved)
 
+    def row(self) -> tuple:
+        """Its row of explain's site table (without its number)."""
+        return (self.location, self.spelling, self.activation, self.target,
+                "recomputed (checkpointed)" if self.checkpointed else _bytes(self.saved_bytes))
+
+    def plan(self) -> tuple:
+        """Everything explain prints about it below the table: sites with the same plan print once."""
+        return (self.reason, self.policy, self.traced, self.target, self.specialisation, self.regions,
+                tuple(self.forward_steps), tuple(self.backward_steps), tuple(self.saved), self.estimated)
+
+    def details(self) -> list[str]:
+        out = ["launches: traced, Inductor's generated code launches each kernel" if self.traced else
+               f"launches: one call per fused op ({self.target}'s steps are not traced here)"]
+        if self.specialisation:
+            out.append(f"routing: {self.specialisation}")
+        out.extend(REGION_NOTES[hop] for hop in self.regions)
+        if self.policy != "default":
+            out.append(f"precision policy: NVFP4 with the recipe of {self.policy}")
+        out.append(format_table(["forward step", "runs"], [list(step) for step in self.forward_steps]))
+        out.append(format_table(["backward step", "runs"], [list(step) for step in self.backward_steps]))
+        out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
+                                [[n, d, "x".join(map(str, sh)), _bytes(b)] for n, d, sh, b in self.saved]))
+        if self.estimated:
+            out.append("(estimated: data-dependent sizes taken as their size hints, an unbacked "
+                       "row count as torch._inductor.config.unbacked_symint_fallback)")
+        return out
+
+
+NO_CANDIDATE = ("no grouped-MLP candidate was seen in the {graphs} graph(s) Dynamo captured: no grouped GEMM -> "
+                "activation -> grouped GEMM chain in any spelling the backend knows, nor a near miss it would name")
+
 
 @dataclasses.dataclass
 class ExplainReport:
@@ -275,33 +337,31 @@ class ExplainReport:
     rejected: list[tuple[str, str, str]]  # (location, spelling, reason)
     graph_breaks: list[GraphBreak]
     graphs: int
+    kept: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # (location, path, rule): kept in BF16
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, full: bool = False) -> str:
+        """The summary line, the sites (identical rows and identical plans collapsed: "sites
+        0-3"), the rejections and graph breaks, then each distinct plan's steps and saved
+        tensors. `full`: every site on its own row and with its own plan."""
         breaks = sum(b.times for b in self.graph_breaks)
         out = [f"nvfp4 explain: {self.graphs} graph(s), {len(self.sites)} grouped MLP(s) rewritten, "
-               f"{len(self.rejected)} rejected, {breaks} graph break(s)"
+               + (f"{len(self.kept)} kept in BF16, " if self.kept else "")
+               + f"{len(self.rejected)} rejected, {breaks} graph break(s)"
                + (f" at {len(self.graph_breaks)} place(s)" if self.graph_breaks else "")]
+        if not self.sites and not self.rejected and not self.kept:
+            out.append(NO_CANDIDATE.format(graphs=self.graphs)
+                       + ("; the graph breaks below may have split one apart" if self.graph_breaks else ""))
+        row, plan = (id, id) if full else (SiteReport.row, SiteReport.plan)
+        plans = _grouped(self.sites, plan)
         if self.sites:
-            out.append(format_table(
-                ["#", "site", "spelling", "activation", "target", "saved for bwd"],
-                [[i, s.location, s.spelling, s.activation, s.target,
-                  "recomputed (checkpointed)" if s.checkpointed else _bytes(s.saved_bytes)]
-                 for i, s in enumerate(self.sites)],
-            ))
-            for i, s in enumerate(self.sites):
-                out.append(f"\nsite {i}: {s.reason}")
-                out.append("launches: traced, Inductor's generated code launches each kernel" if s.traced else
-                           f"launches: one call per fused op ({s.target}'s steps are not traced here)")
-                if s.specialisation:
-                    out.append(f"routing: {s.specialisation}")
-                out.extend(REGION_NOTES[hop] for hop in s.regions)
-                out.append(format_table(["forward step", "runs"], [list(step) for step in s.forward_steps]))
-                out.append(format_table(["backward step", "runs"], [list(step) for step in s.backward_steps]))
-                out.append(format_table(["saved tensor", "dtype", "shape", "bytes"],
-                                        [[n, d, "x".join(map(str, sh)), _bytes(b)] for n, d, sh, b in s.saved]))
-                if s.estimated:
-                    out.append("(estimated: data-dependent sizes taken as their size hints, an unbacked "
-                               "row count as torch._inductor.config.unbacked_symint_fallback)")
+            out.append(format_table(["#", "site", "spelling", "activation", "target", "saved for bwd"],
+                                    [[_ranges(indices), *site.row()] for indices, site in _grouped(self.sites, row)]))
+        if self.kept:
+            out.append("\nkept in BF16 by the precision policy (compiled as stock Inductor would):")
+            out.append(format_table(["site", "module", "rule"], [list(k) for k in self.kept]))
         if self.rejected:
             out.append("\nnot rewritten (run as stock Inductor would):")
             out.append(format_table(["site", "spelling", "reason"], [list(r) for r in self.rejected]))
@@ -314,6 +374,12 @@ class ExplainReport:
         elif self.graphs > 1:
             out.append(f"\n{self.graphs} graphs, but Dynamo logged no graph break: a recompile, or a torch whose "
                        "Dynamo words its graph-break log differently (TORCH_LOGS=graph_breaks prints it)")
+        for indices, site in plans:
+            which = f"site {indices[0]}" if len(indices) == 1 else f"sites {_ranges(indices)} (same plan)"
+            out.append(f"\n{which}: {site.reason}")
+            out.extend(site.details())
+        if len(plans) < len(self.sites):
+            out.append("\n(sites with the same plan printed once; report.text(full=True) prints each)")
         return "\n".join(out)
 
 
@@ -357,7 +423,8 @@ def _size_hint(size) -> tuple[int, bool]:
     return int(expr if not expr.free_symbols else size.node.shape_env.size_hint(expr)), True
 
 
-def _site_report(site, plan, call_node, options: BackendOptions, regions: tuple[str, ...] = ()) -> SiteReport:
+def _site_report(site, plan, call_node, options: BackendOptions, regions: tuple[str, ...] = (),
+                 policy: str = "default") -> SiteReport:
     from .compiler.nodes import val
 
     x, w1, w2, sizes, probs = (None if a is None else val(a) for a in call_node.args[:5])
@@ -374,7 +441,7 @@ def _site_report(site, plan, call_node, options: BackendOptions, regions: tuple[
     with launches_traced(options.trace_launches):  # as the backend compiles the site
         traced = inlines(plan.target, x.device)
     return SiteReport(site.location, site.spelling, site.activation, plan.target, plan.reason, fwd, bwd, saved,
-                      _specialisation(site), estimated, traced, regions)
+                      _specialisation(site), estimated, traced, regions, policy)
 
 
 def _specialisation(site) -> str:
@@ -396,28 +463,37 @@ def _specialisation(site) -> str:
             "0/1 specialisation, so new routing rarely recompiles; the sizes still come from the host")
 
 
-def explain(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True,
-            reuse_weight_casts: bool = False, **kwargs) -> ExplainReport:
-    """Compile `fn` with the nvfp4 backend's rewrite (``compile_apart``: the caller's
-    compiled code stays), run it on `args` / `kwargs`, and report every grouped MLP
-    found (where, which spelling, target and why, the steps forward and backward, what is
-    saved for backward), every near-miss with the reason it was not rewritten, and the
-    graph breaks, grouped by place, with a fix where one is known. recipe / recompute /
-    reuse_weight_casts: the backend's options."""
-    options = _options(recipe, recompute, reuse_weight_casts=reuse_weight_casts)
-    graphs = _PerGraph()  # (site reports, rejections) of each graph
+def explain(fn: Callable, *, backend="nvfp4") -> Callable[..., ExplainReport]:
+    """``nvfp4_inductor.explain(model, backend=...)(*args, **kwargs)``: compile `fn` with the
+    nvfp4 backend's rewrite (``compile_apart``: the caller's compiled code stays), run it
+    on `args` / `kwargs` (all of them the model's), and report every grouped MLP found
+    (where, which spelling, target and why, the steps forward and backward, what is saved
+    for backward), every near-miss with the reason it was not rewritten, and the graph
+    breaks, grouped by place, with a fix where one is known. `backend`: "nvfp4" or what
+    ``nvfp4_inductor.backend(...)`` returns, whose options the rewrite takes (its
+    ``compiler`` does not matter: nothing is compiled past the rewrite)."""
+    options = backend_options(backend)
 
-    def recording_backend(gm, example_inputs, **kw):
-        record = backend_mod.rewrite_graph(gm, options)
-        graphs.add(([_site_report(site, plan, node, options, regions)
-                     for (site, plan), node, regions in zip(record.sites, record.call_nodes, record.regions)],
-                    [(r.location, r.spelling, r.reason) for r in record.rejections]))
-        return gm.forward
+    def nvfp4_explain(*args, **kwargs) -> ExplainReport:
+        graphs = _PerGraph()  # (site reports, rejections) of each graph
 
-    with _recording_graph_breaks() as recorder:
-        compile_apart(fn, recording_backend)(*args, **kwargs)
-    return ExplainReport([s for sites, _ in graphs for s in sites], [r for _, rejected in graphs for r in rejected],
-                         _group_breaks(fn, recorder.breaks), len(graphs))
+        def recording_backend(gm, example_inputs, **kw):
+            record = backend_mod.rewrite_graph(gm, options)
+            graphs.add(([_site_report(site, plan, node, backend_mod.options_for_site(site, options, decision), regions,
+                                      decision.rule)
+                         for (site, plan), node, regions, decision in zip(record.sites, record.call_nodes,
+                                                                         record.regions, record.decisions)],
+                        [(r.location, r.spelling, r.reason) for r in record.rejections],
+                        [(site.location, decision.info.path, decision.rule) for site, decision in record.kept]))
+            return gm.forward
+
+        with _recording_graph_breaks() as recorder:
+            compile_apart(fn, recording_backend)(*args, **kwargs)
+        return ExplainReport([s for sites, _, _ in graphs for s in sites],
+                             [r for _, rejected, _ in graphs for r in rejected], _group_breaks(fn, recorder.breaks),
+                             len(graphs), [k for _, _, kept in graphs for k in kept])
+
+    return nvfp4_explain
 
 
 # ---------------------------------------------------------------------------------------
@@ -443,26 +519,118 @@ def _dump_folder(path) -> pathlib.Path:
     return path
 
 
-def dump_code(fn: Callable, *args, path, recipe: Optional[Recipe] = None, recompute: bool = True,
-              compiler: str = "inductor", **kwargs) -> list[pathlib.Path]:
-    """Compile and run `fn` on `args` / `kwargs` with the nvfp4 backend (forward, and
-    backward when an output needs grad) under depyf, which writes the Dynamo graph, the
-    forward/backward graphs and Inductor's generated code to the folder `path`; returns
-    the files written; the caller's ``.grad`` are left as they were. A folder an earlier
-    dump_code wrote is emptied first, so old and new files never mix; a folder holding
-    anything else is refused. The fused ops' options read by name in the graphs and the
-    code (``activation='swiglu', rht=True``)."""
-    import depyf
+DUMP_INDEX = "INDEX.txt"
+DUMP_REWRITTEN = "nvfp4_rewritten"
+# Dynamo names each graph __compiled_fn_<n>_<uuid4 with underscores>, n counting across the process
+_GRAPH_NAME = re.compile(r"__compiled_fn_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?")
+# a line that runs a grouped MLP: the rewrite's call, an nvfp4:: op, Inductor's note on the nodes it fused
+_GROUPED_MLP_LINE = re.compile(r"(fused_grouped_mlp)\(|\bnvfp4\.(\w+)\.default\("
+                               r"|Source Nodes: \[[^\]]*\b(fused_grouped_mlp)\b")
+# what depyf's files hold, by the part of their name after the graph's
+_DUMPED = (
+    ("__compiled_fn_", "the graph Dynamo captured, as the backend receives it (before the nvfp4 rewrite)"),
+    ("pre_insert_deferred_runtime_asserts", "the graph as Dynamo captured it, before its runtime asserts"),
+    (DUMP_REWRITTEN, "the graph after the nvfp4 rewrite: each site one fused_grouped_mlp call"),
+    ("BEFORE_PRE_GRAD", "the graph after the nvfp4 rewrite, as Inductor receives it"),
+    ("Joint_graph", "AOTAutograd's joint forward and backward graph"),
+    ("tensorify_python_scalars", "AOTAutograd's joint graph after its tensorify_python_scalars pass"),
+    ("Forward_graph", "AOTAutograd's forward graph (after the partition)"),
+    ("Backward_graph", "AOTAutograd's backward graph (after the partition)"),
+    ("AFTER_POST_GRAD", "Inductor's graph after its post-grad passes (.0 forward, .1 backward)"),
+    ("kernel_", "Inductor's generated code (kernel_0 the forward, kernel_1 the backward)"),
+    ("__transformed_code_", "a frame's bytecode as Dynamo rewrote it, decompiled: it calls the compiled graphs"),
+    ("full_code_for_", "a frame's rewritten code with its guards"),
+)
 
-    options = _options(recipe, recompute, compiler)
-    path = _dump_folder(path)
-    compiled = compile_apart(fn, backend_mod.backend(recipe=options.recipe, recompute=options.recompute,
-                                                     compiler=options.compiler))
-    with depyf.prepare_debug(str(path)), _callers_grads_kept([t for _, t in _grad_inputs(fn, args, kwargs)]):
-        outs = [o for o in _flatten(compiled(*args, **kwargs)) if o.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
-    return sorted(p for p in path.rglob("*") if p.is_file() and p.name != DUMP_MARK)
+
+def _stable_names(path: pathlib.Path) -> dict[str, str]:
+    """Dynamo's graph names in the dump renumbered from 1 in the order Dynamo compiled them,
+    without their uuid, in file names and file contents alike: the same program dumps to the
+    same file names in any process. Returns {new name: Dynamo's}."""
+    files = [p for p in path.rglob("*") if p.is_file() and p.name != DUMP_MARK]
+    numbers = sorted({int(m[1]) for p in files for m in _GRAPH_NAME.finditer(p.name)})
+    renamed = {n: f"__compiled_fn_{i}" for i, n in enumerate(numbers, 1)}
+
+    def stable(text: str) -> str:
+        return _GRAPH_NAME.sub(lambda m: renamed[int(m[1])] if int(m[1]) in renamed else m[0], text)
+
+    for p in files:
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:  # not text: its name only
+            text = ""
+        if stable(text) != text:
+            p.write_text(stable(text))
+    moving = [(p.rename(p.with_name(p.name + ".renaming")), stable(p.name)) for p in files if stable(p.name) != p.name]
+    for p, name in moving:  # in two steps: a new name may be another file's old one
+        p.rename(p.with_name(name))
+    return {new: f"__compiled_fn_{n}" for n, new in renamed.items()}
+
+
+def _describe_dumped(name: str) -> str:
+    part = name.split(".", 1)[1] if name.startswith("__compiled_fn_") else name
+    return next((what for prefix, what in _DUMPED if part.startswith(prefix)), "-")
+
+
+def _write_index(path: pathlib.Path, dynamos: dict[str, str]) -> None:
+    """INDEX.txt: what each file holds, and each line that runs a grouped MLP."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in (DUMP_MARK, DUMP_INDEX))
+    found = []
+    for p in files:
+        for number, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            match = _GROUPED_MLP_LINE.search(line)
+            if match:
+                op = match[1] or (f"nvfp4::{match[2]}" if match[2] else "Inductor code from fused_grouped_mlp")
+                found.append([f"{p.relative_to(path)}:{number}", op])
+    renumbered = ", ".join(f"{new} is Dynamo's {old}" for new, old in dynamos.items() if new != old)
+    out = ["Written by nvfp4_inductor.dump_code (through depyf), with the compile caches off, so the same "
+           "program gives the same files.",
+           "Dynamo's graphs are numbered from 1 in the order compiled, without Dynamo's uuid, in file names and "
+           "code alike" + (f" ({renumbered} in this process's logs)." if renumbered else "."),
+           "",
+           format_table(["file", "holds"], [[str(p.relative_to(path)), _describe_dumped(p.name)] for p in files]),
+           "",
+           "where the grouped MLPs run (the rewrite's fused_grouped_mlp call, the nvfp4:: ops it becomes):"
+           if found else "no line runs a grouped MLP: the nvfp4 backend rewrote none (explain says why)."]
+    if found:
+        out.append(format_table(["file:line", "runs"], found))
+    (path / DUMP_INDEX).write_text("\n".join(out) + "\n")
+
+
+def dump_code(fn: Callable, *, path, backend="nvfp4") -> Callable[..., list[pathlib.Path]]:
+    """``nvfp4_inductor.dump_code(model, path="dump/", backend=...)(*args, **kwargs)``: compile
+    and run `fn` on `args` / `kwargs` (all of them the model's) with `backend` ("nvfp4" or
+    what ``nvfp4_inductor.backend(...)`` returns), forward and backward when an output needs
+    grad, under depyf, which writes the Dynamo graphs, the graph after the nvfp4 rewrite,
+    the AOTAutograd forward/backward graphs and Inductor's generated code to the folder
+    `path`; returns the files written. INDEX.txt says what each file holds and names each
+    line that runs a grouped MLP. Inductor's and AOTAutograd's caches are off while it
+    compiles (``force_disable_caches``): a cache hit skips the steps whose graphs depyf
+    writes, and the files would depend on what ran before. The caller's ``.grad`` are left
+    as they were. A folder an earlier dump_code wrote is emptied first, so old and new
+    files never mix; a folder holding anything else is refused. The fused ops' options
+    read by name in the graphs and the code (``activation='swiglu', rht=True``)."""
+    options = backend_options(backend)
+
+    def nvfp4_dumped(gm, example_inputs, **kw):  # the nvfp4 backend, writing the graph it rewrote
+        backend_mod.rewrite_graph(gm, options)
+        torch._dynamo.utils.lazy_format_graph_code(DUMP_REWRITTEN, gm)  # depyf writes each graph torch formats
+        return backend_mod.compile_rewritten(gm, example_inputs, options)
+
+    def nvfp4_dump_code(*args, **kwargs) -> list[pathlib.Path]:
+        import depyf
+
+        folder = _dump_folder(path)
+        compiled = compile_apart(fn, nvfp4_dumped)
+        with (torch._inductor.config.patch(force_disable_caches=True), depyf.prepare_debug(str(folder)),
+              _callers_grads_kept([t for _, t in _grad_inputs(fn, args, kwargs)])):
+            outs = [o for o in _flatten(compiled(*args, **kwargs)) if o.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [_fixed_grad(o, i) for i, o in enumerate(outs)])
+        _write_index(folder, _stable_names(folder))
+        return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != DUMP_MARK)
+
+    return nvfp4_dump_code
 
 
 # ---------------------------------------------------------------------------------------
@@ -504,10 +672,17 @@ class CompareReport:
         return {True: "BITWISE EQUAL", False: "DIFFERENT", None: "NO VERDICT"}[self.bitwise]
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, full: bool = False) -> str:
+        """The verdict, then a table of the outputs and gradients: the parameters' gradients
+        that are bitwise equal in one row (those that differ listed each); `full`: every
+        parameter on its own row."""
         if not self.sites:
-            return (f"nvfp4 compare: NO VERDICT: the nvfp4 backend rewrote no grouped MLP in {self.graphs} graph(s) "
-                    f"({self.rejected} rejected), so no nvfp4 op ran and there is nothing of ours to compare; "
-                    "nvfp4_inductor.explain says why")
+            why = (f"{self.rejected} grouped-MLP candidate(s) rejected (nvfp4_inductor.explain(fn)(*args) gives "
+                   "each reason)" if self.rejected else NO_CANDIDATE.format(graphs=self.graphs))
+            return (f"nvfp4 compare: NO VERDICT: the nvfp4 backend rewrote no grouped MLP, so no nvfp4 op ran and "
+                    f"there is nothing of ours to compare; {why}")
         blocks = f"{self.sites} grouped MLP block(s)"
         if self.scope == "blocks":
             header = (f"nvfp4 compare, scope='blocks': {blocks} as the eager NVFP4 chain (nvfp4_inductor.grouped_mlp, "
@@ -516,13 +691,16 @@ class CompareReport:
         else:
             header = (f"nvfp4 compare, scope='program': eager PyTorch (the eager NVFP4 chain in {blocks}) vs "
                       f"torch.compile(backend=nvfp4, compiler={self.compiler!r}): {self.verdict}")
-        notes = any(r.note for r in self.rows)
+        rows = self.rows if full else self._summarised_rows()
+        notes = any(r.note for r in rows)
         table = format_table(
             ["tensor", "bitwise", "differ", "max |diff|", "rel diff", "max ulps"] + (["note"] if notes else []),
             [[r.name, "yes" if r.bitwise else "NO", f"{r.differ}/{r.numel}", f"{r.max_abs:.3g}", f"{r.rel:.3g}",
               "-" if r.max_ulps is None else f"{r.max_ulps:.4g}"] + ([r.note] if notes else [])
-             for r in self.rows])
+             for r in rows])
         out = [header, table]
+        if len(rows) < len(self.rows):
+            out.append("(the equal parameter gradients in one row; report.text(full=True) lists each)")
         if not self.bitwise:
             out.append("differ: elements whose bits differ; rel diff: ||compiled - eager|| / ||eager||; ulps: "
                        "|compiled - eager| in steps of the dtype at the larger magnitude of the two")
@@ -530,6 +708,17 @@ class CompareReport:
                 out.append(f"Outside the blocks, {self.compiler} may round fused bf16 chains differently from eager "
                            "(its own behaviour, not nvfp4's); scope='blocks' (the default) compares the blocks alone.")
         return "\n".join(out)
+
+    def _summarised_rows(self) -> list[CompareRow]:
+        """Each row, but the parameters' gradients that are bitwise equal (and compared
+        element by element) as one row after the others, where there are two or more."""
+        equal = [r for r in self.rows if r.name.startswith("grad param ") and r.bitwise and not r.note]
+        if len(equal) < 2:
+            return self.rows
+        ulps_ = [r.max_ulps for r in equal if r.max_ulps is not None]
+        merged = CompareRow(f"grad param: {len(equal)} parameters", True, 0, sum(r.numel for r in equal), 0.0, 0.0,
+                            max(ulps_) if ulps_ else None)
+        return [r for r in self.rows if not any(r is e for e in equal)] + [merged]
 
 
 def _flatten(out) -> list[torch.Tensor]:
@@ -707,45 +896,54 @@ def _deterministic_algorithms(enabled: bool):
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
-def compare(fn: Callable, *args, recipe: Optional[Recipe] = None, recompute: bool = True,
-            compiler: str = "inductor", scope: str = "blocks", seed: int = 0, deterministic: bool = True,
-            **kwargs) -> CompareReport:
-    """Are the rewritten blocks exactly the eager NVFP4 chain? Runs `fn` on `args` /
-    `kwargs` twice, forward and backward (fixed output gradients, same seed), and compares
+def compare(fn: Callable, *, backend="nvfp4", scope: str = "blocks", seed: int = 0,
+            deterministic: bool = True) -> Callable[..., CompareReport]:
+    """``nvfp4_inductor.compare(model, backend=...)(*args, **kwargs)``: are the rewritten
+    blocks exactly the eager NVFP4 chain? Runs `fn` on `args` / `kwargs` (all of them the
+    model's) twice, forward and backward (fixed output gradients, same seed), and compares
     every output and every gradient (inputs that require grad, and parameters when `fn` is
     a module) bit for bit, with how many elements differ, max |diff|, the relative
     difference and ulps beside.
 
+    backend: "nvfp4" or what ``nvfp4_inductor.backend(...)`` returns; its options (recipe,
+        recompute, compiler, ...) compile both sides. When it rewrites no grouped MLP, the
+        report gives no verdict (``bitwise`` is None).
     scope "blocks" (default): both sides run the same compiled program, every op outside
-        the grouped MLPs compiled by `compiler` the same way; the blocks run as the eager
-        NVFP4 chain on one side and as the nvfp4 backend's fused ops on the other.
+        the grouped MLPs compiled by the backend's ``compiler`` the same way; the blocks run
+        as the eager NVFP4 chain on one side and as the nvfp4 backend's fused ops on the other.
     scope "program": eager PyTorch (with the eager chain in the blocks) against the whole
         program compiled by the nvfp4 backend; differences outside the blocks are then
         the compiler's own rounding.
-    recipe / recompute / compiler: the backend's options. When the backend rewrites no
-    grouped MLP, the report gives no verdict (``bitwise`` is None).
+    seed: ``torch.manual_seed`` before each side's run.
     deterministic (default True): both sides run under
     ``torch.use_deterministic_algorithms(True, warn_only=True)``, the caller's mode restored
     after: on CUDA the atomics of a ``scatter_add`` combine or a gather's backward would
     otherwise make two runs of one program differ."""
+    options = backend_options(backend)
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int; got {seed!r}")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be a bool; got {deterministic!r}")
-    options = _options(recipe, recompute, compiler)
-    grad_inputs = _grad_inputs(fn, args, kwargs)
-    records = _PerGraph()
 
-    def nvfp4(gm, example_inputs, **kw):  # the nvfp4 backend, keeping what it rewrote
-        records.add(backend_mod.rewrite_graph(gm, options))
-        return backend_mod.compile_rewritten(gm, example_inputs, options)
+    def nvfp4_compare(*args, **kwargs) -> CompareReport:
+        grad_inputs = _grad_inputs(fn, args, kwargs)
+        records = _PerGraph()
 
-    with _deterministic_algorithms(deterministic):
-        compiled = _run(fn, args, kwargs, nvfp4, seed, grad_inputs)
-        sites, rejected = sum(len(r.sites) for r in records), sum(len(r.rejections) for r in records)
-        if not sites:
-            return CompareReport([], scope, compiler, 0, rejected, len(records))
-        eager = _run(fn, args, kwargs, eager_semantics_backend(options, scope), seed, grad_inputs)
-    names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
-    rows = [_compare_tensors(name, a, b) for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1])]
-    return CompareReport(rows, scope, compiler, sites, rejected, len(records))
+        def nvfp4(gm, example_inputs, **kw):  # the nvfp4 backend, keeping what it rewrote
+            records.add(backend_mod.rewrite_graph(gm, options))
+            return backend_mod.compile_rewritten(gm, example_inputs, options)
+
+        with _deterministic_algorithms(deterministic):
+            compiled = _run(fn, args, kwargs, nvfp4, seed, grad_inputs)
+            sites, rejected = sum(len(r.sites) for r in records), sum(len(r.rejections) for r in records)
+            if not sites:
+                return CompareReport([], scope, options.compiler, 0, rejected, len(records))
+            eager = _run(fn, args, kwargs, eager_semantics_backend(options, scope), seed, grad_inputs)
+        names = [f"output {i}" for i in range(len(eager[0]))] + [f"grad {n}" for n, _ in grad_inputs]
+        rows = [_compare_tensors(name, a, b)
+                for name, a, b in zip(names, eager[0] + eager[1], compiled[0] + compiled[1])]
+        return CompareReport(rows, scope, options.compiler, sites, rejected, len(records))
+
+    return nvfp4_compare

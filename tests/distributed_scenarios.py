@@ -365,11 +365,11 @@ def fsdp2_inspection(ctx):
     x = tokens(ctx.rank, ctx.device)[0]
     _loss(model, x).backward()  # a training step's gradients, which compare must put back
     before = {name: p.grad.to_local().clone() for name, p in model.named_parameters()}
-    explained = nv.explain(model, x)
+    explained = nv.explain(model)(x)
     assert len(explained.sites) == 1, str(explained)
     with torch.no_grad():
         model(x)
-    report = nv.compare(model, x, compiler="aot_eager")
+    report = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(x)
     assert report.sites == 1 and report.bitwise, str(report)
     unchecked = [r.name for r in report.rows if r.note]
     assert not unchecked, f"not compared: {unchecked}"
@@ -512,7 +512,8 @@ def transformers_ep_fsdp2(ctx: Context) -> str:
             device_map=ctx.device,  # used at world size 1 only (its mesh places a larger world)
             use_kernels=False)  # else on CUDA (transformers >= 5.25) layers fetch hub kernels, over the network
     model.train()
-    report = nv.compare(lib.Logits(model), lib.input_ids(seed=ctx.rank).to(ctx.device), compiler="aot_eager")
+    report = nv.compare(lib.Logits(model), backend=nv.backend(compiler="aot_eager"))(
+        lib.input_ids(seed=ctx.rank).to(ctx.device))
     assert report.sites == 1 and report.bitwise, str(report)
     unchecked = [r.name for r in report.rows if r.note]
     assert not unchecked, f"not compared: {unchecked}"
@@ -673,7 +674,7 @@ def dtensor_rejections(ctx):
 
     experts = Experts()
     offs = rep(torch.cumsum(sizes, 0, dtype=torch.int32))
-    report = nv.explain(experts, rep(x), offs)
+    report = nv.explain(experts)(rep(x), offs)
     reasons = [r[-1] for r in report.rejected]
     assert not report.sites and len(reasons) == 1 and "x is a DTensor" in reasons[0], str(report)
     checks.append(f"explain: {reasons[0][:50]}...")

@@ -114,10 +114,10 @@ class ReluMoE(nn.Module):
 def test_registered_relu_is_recognised_and_compiled_bitwise(relu_registered, prob):
     torch.manual_seed(0)
     model = ReluMoE(prob)
-    report = nv.explain(model, *model.inputs(0))
+    report = nv.explain(model)(*model.inputs(0))
     assert [(s.spelling, s.activation) for s in report.sites] == [("token_permutation", "relu")], str(report)
     assert report.rejected == []
-    compared = nv.compare(model, *model.inputs(1), compiler="aot_eager")
+    compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*model.inputs(1))
     assert compared.bitwise, str(compared)
     assert len(compared.rows) == 1 + 4  # output; grads of x, router, fc1, fc2
 
@@ -128,7 +128,7 @@ def test_registered_relu_grouped_mlp_module_compiled_bitwise(relu_registered):
     assert mlp.fc1_weight.shape == (4, 48, 32)  # not gated: F1 = F
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(64, requires_grad=True)
-    compared = nv.compare(mlp, x, torch.tensor([10, 0, 31, 23]), probs, compiler="aot_eager")
+    compared = nv.compare(mlp, backend=nv.backend(compiler="aot_eager"))(x, torch.tensor([10, 0, 31, 23]), probs)
     assert compared.bitwise, str(compared)
 
 
@@ -466,5 +466,5 @@ def test_not_zero_at_zero_leaves_a_mask_on_fc1s_output_unrewritten(shifted_regis
         "row mask `h_1` on the fc1 output: shifted is not 0 at 0 (Activation.zero_at_zero), so the masked "
         "rows' D = f(0) * p is not 0 and the mask cannot fold into the router prob"), rejections[0].reason
     _assert_bitwise(results, "f(0) = 1, mask on C, as written")
-    report = nv.explain(model, *model.inputs(0))
+    report = nv.explain(model)(*model.inputs(0))
     assert report.sites == [] and "shifted is not 0 at 0" in str(report), str(report)

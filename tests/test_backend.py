@@ -62,8 +62,8 @@ def test_plain_spellings_compiled_equal_eager(spelling, act, probs, stochastic_r
     torch.manual_seed(0)
     model = SPELLINGS[spelling](act, probs)
     args = _with_grad(model.inputs(0))
-    report = nv.compare(model, *args, recipe=nv.Recipe(stochastic_rounding=stochastic_rounding),
-                        compiler="aot_eager")
+    backend = nv.backend(recipe=nv.Recipe(stochastic_rounding=stochastic_rounding), compiler="aot_eager")
+    report = nv.compare(model, backend=backend)(*args)
     assert report.bitwise, str(report)
 
 
@@ -72,7 +72,7 @@ def test_plain_spellings_compiled_equal_eager(spelling, act, probs, stochastic_r
 @pytest.mark.parametrize("activation", ["srelu", "tanh_srelu", "swiglu"])
 def test_grouped_mlp_module_compiled_equal_eager(activation, probs, recompute):
     mlp, args = _grouped_mlp_model(activation, probs)
-    report = nv.compare(mlp, *_with_grad(args), recompute=recompute, compiler="aot_eager")
+    report = nv.compare(mlp, backend=nv.backend(recompute=recompute, compiler="aot_eager"))(*_with_grad(args))
     assert report.bitwise, str(report)
     assert len(report.rows) == 3 + (1 if probs else 0) + 1  # output, dx, dW1, dW2, dprobs
 
@@ -80,13 +80,13 @@ def test_grouped_mlp_module_compiled_equal_eager(activation, probs, recompute):
 @pytest.mark.parametrize("activation", ["srelu", "tanh_srelu", "swiglu"])
 def test_inductor_compiled_equal_eager(activation):
     mlp, args = _grouped_mlp_model(activation, probs=True)
-    report = nv.compare(mlp, *_with_grad(args))
+    report = nv.compare(mlp)(*_with_grad(args))
     assert report.bitwise, str(report)
 
 
 def test_inductor_token_permutation_recompute_off_equal_eager():
     model = GroupedMM("swiglu_chunk", prob="out")
-    report = nv.compare(model, *_with_grad(model.inputs(1)), recompute=False)
+    report = nv.compare(model, backend=nv.backend(recompute=False))(*_with_grad(model.inputs(1)))
     assert report.bitwise, str(report)
 
 
@@ -466,7 +466,7 @@ def test_changing_token_count_recompiles_at_most_once():
 
 def test_dump_code_writes_the_graphs_and_generated_code(tmp_path):
     mlp, args = _grouped_mlp_model("swiglu", probs=True)
-    files = nv.dump_code(mlp, *_with_grad(args), path=tmp_path)
+    files = nv.dump_code(mlp, path=tmp_path)(*_with_grad(args))
     names = [f.name for f in files]
     assert any("Forward_graph" in n for n in names) and any("Backward_graph" in n for n in names), names
     text = "\n".join(f.read_text(errors="replace") for f in files if f.suffix == ".py")
@@ -481,10 +481,10 @@ def test_dump_code_writes_the_graphs_and_generated_code(tmp_path):
 
 def test_explain_reports_sites_rejections_and_saved_bytes():
     model = GroupedMM("gelu")
-    report = nv.explain(model, *model.inputs(0))
+    report = nv.explain(model)(*model.inputs(0))
     assert report.sites == [] and report.rejected and "gelu" in str(report).lower()
     mlp, args = _grouped_mlp_model("srelu", probs=True)
-    report = nv.explain(mlp, *_with_grad(args))
+    report = nv.explain(mlp)(*_with_grad(args))
     assert len(report.sites) == 1 and report.sites[0].saved_bytes > 0
     assert any("group_hadamard_amax" in runs for _, runs in report.sites[0].forward_steps)
     assert not any("group_hadamard_amax" in runs for _, runs in report.sites[0].backward_steps)
@@ -507,7 +507,7 @@ def test_explain_says_when_experts_run_outside_the_graph():
 
     model = MixtralEagerExperts()
     hidden = torch.randn(32, H, dtype=torch.bfloat16)
-    report = nv.explain(model, hidden, torch.randint(0, G, (32, 2)), torch.rand(32, 2, dtype=torch.bfloat16))
+    report = nv.explain(model)(hidden, torch.randint(0, G, (32, 2)), torch.rand(32, 2, dtype=torch.bfloat16))
     assert report.sites == [] and report.graph_breaks
     assert "outside any graph" in str(report)
 
@@ -521,7 +521,7 @@ def test_rest_of_a_mixed_model_matches_stock_inductor_bitwise():
 
     torch.manual_seed(0)
     model = TwoLayerModel()
-    report = nv.compare(model, *_with_grad(model.inputs(0)))
+    report = nv.compare(model)(*_with_grad(model.inputs(0)))
     assert report.sites == 2 and report.bitwise, str(report)
     assert len(report.rows) > 10
 
@@ -535,10 +535,10 @@ def test_compiled_grouped_mlp_with_fp32_input_raises_value_error():
 
 def test_explain_reports_what_an_expert_loop_specialises_on():
     model = ExpertLoop("srelu_pow")
-    report = nv.explain(model, *model.inputs(0))
+    report = nv.explain(model)(*model.inputs(0))
     assert len(report.sites) == 1 and "specialised on the split sizes" in report.sites[0].specialisation
     mlp, args = _grouped_mlp_model("srelu", probs=False)
-    assert "no recompile" in nv.explain(mlp, *args).sites[0].specialisation
+    assert "no recompile" in nv.explain(mlp)(*args).sites[0].specialisation
 
 
 # ----------------------------------------------------------------------------- real clients' forms
@@ -552,7 +552,7 @@ def test_transformers_sentinel_masks_compiled_equal_eager(release, act):
 
     torch.manual_seed(0)
     model = SentinelMoeBlock(HFExpertsRelease(release, act, ep=True))
-    report = nv.compare(model, *_with_grad(model.inputs(0)), compiler="aot_eager")
+    report = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*_with_grad(model.inputs(0)))
     assert report.bitwise, str(report)
 
 
@@ -562,7 +562,7 @@ def test_masked_rows_compiled_equal_eager_with_zero_prob_gradient():
     torch.manual_seed(0)
     model = MaskedGroupedMM("fc1", "where", act="swiglu_chunk")
     x, offs, probs, mask = _with_grad(model.inputs(0))
-    report = nv.compare(model, x, offs, probs, mask, compiler="aot_eager")
+    report = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(x, offs, probs, mask)
     assert report.bitwise, str(report)
     torch._dynamo.reset()
     probs.grad = None
@@ -576,7 +576,7 @@ def test_torchtitan_030_compiled_equal_eager(dtype):
 
     torch.manual_seed(0)
     model = TitanMoE030(dtype)
-    report = nv.compare(model, *_with_grad(model.inputs(0)), compiler="aot_eager")
+    report = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*_with_grad(model.inputs(0)))
     assert report.bitwise, str(report)
 
 
@@ -591,8 +591,8 @@ def test_explain_and_compare_with_data_dependent_row_counts():
     x, ids, probs = model.inputs(0)
     args = (x.requires_grad_(), ids, probs.requires_grad_())
     with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
-        report = nv.explain(model, *args)
-        compared = nv.compare(model, *args, compiler="aot_eager")
+        report = nv.explain(model)(*args)
+        compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*args)
     assert len(report.sites) == 1 and report.sites[0].estimated and report.sites[0].saved_bytes > 0
     assert "estimated" in str(report)
     assert compared.bitwise, str(compared)
@@ -616,8 +616,8 @@ def test_stacked_sites_where_one_feeds_the_next_are_all_rewritten():
 
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
     args = (x, torch.tensor([10, 0, 31, 23]), torch.rand(64, requires_grad=True))
-    assert len(nv.explain(Stack(), *args).sites) == 3
-    report = nv.compare(Stack(), *args, compiler="aot_eager")
+    assert len(nv.explain(Stack())(*args).sites) == 3
+    report = nv.compare(Stack(), backend=nv.backend(compiler="aot_eager"))(*args)
     assert report.bitwise, str(report)
 
 

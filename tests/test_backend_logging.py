@@ -139,8 +139,8 @@ def test_explain_and_compare_report_rejections_without_the_warning():
     args = model.inputs(0)[:2]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = nv.explain(model, *args)
-        verdict = nv.compare(model, *args, compiler="aot_eager")
+        report = nv.explain(model)(*args)
+        verdict = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(*args)
     assert report.rejected and "NO VERDICT" in str(verdict)
     assert _nvfp4_warnings(caught) == []
 

@@ -97,7 +97,7 @@ def test_checkpointing_recomputes_the_block_and_changes_no_bit(how, compiler):
 def test_checkpointed_site_compiled_equal_eager_chain():
     torch.manual_seed(0)
     block = Block("full")
-    report = nv.compare(block, block.moe.inputs(0)[0].requires_grad_(), compiler="aot_eager")
+    report = nv.compare(block, backend=nv.backend(compiler="aot_eager"))(block.moe.inputs(0)[0].requires_grad_())
     assert report.sites == 1 and report.bitwise, str(report)
 
 
@@ -118,7 +118,7 @@ def test_checkpointing_on_a_gpu_recomputes_the_traced_launches():
 def test_explain_names_the_checkpointed_region():
     torch.manual_seed(0)
     block = Block("full")
-    report = nv.explain(block, block.moe.inputs(0)[0].requires_grad_())
+    report = nv.explain(block)(block.moe.inputs(0)[0].requires_grad_())
     assert len(report.sites) == 1 and report.sites[0].checkpointed
     text = str(report)
     assert "recomputed (checkpointed)" in text and "activation checkpointing: the site is in a checkpointed" in text
@@ -161,9 +161,9 @@ def test_nested_compile_region_rewritten_once_for_every_call():
     torch.manual_seed(0)
     model = RegionLayers()
     x = model.layers[0].inputs(0)[0].requires_grad_()
-    report = nv.compare(model, x, compiler="aot_eager")
+    report = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(x)
     assert report.sites == 1 and report.bitwise, str(report)
-    explained = nv.explain(model, x)
+    explained = nv.explain(model)(x)
     assert explained.sites[0].regions == ("invoke_subgraph",)
     assert "nested compile region" in str(explained)
 
@@ -199,8 +199,8 @@ def test_torchtitan_checkpoint_wrapper():
     inner = mm.TitanMoE030(torch.bfloat16)
     x = inner.inputs(0)[0].requires_grad_()
     block = checkpoint_wrapper(inner, preserve_rng_state=False)
-    assert [s.checkpointed for s in nv.explain(block, x).sites] == [True]
-    report = nv.compare(block, x, compiler="aot_eager")
+    assert [s.checkpointed for s in nv.explain(block)(x).sites] == [True]
+    report = nv.compare(block, backend=nv.backend(compiler="aot_eager"))(x)
     assert report.sites == 1 and report.bitwise, str(report)
 
 
@@ -243,11 +243,11 @@ def test_sites_in_other_higher_order_ops_are_reported_not_silent():
     torch.manual_seed(0)
     offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
     x = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
-    report = nv.explain(InFunction(), x, offs)
+    report = nv.explain(InFunction())(x, offs)
     assert report.sites == [] and len(report.rejected) == 1, str(report)
     location, _, reason = report.rejected[0]
     assert "custom torch.autograd.Function" in reason and "test_checkpointing.py" in location
     model = InCond()
-    report = nv.explain(model, model.moe.inputs(0)[0])
+    report = nv.explain(model)(model.moe.inputs(0)[0])
     assert report.sites == [] and len(report.rejected) == 1, str(report)
     assert "higher-order op cond" in report.rejected[0][2]

@@ -169,7 +169,7 @@ def test_unfused_step_compiled_equals_eager_and_reference(activation):
     mlp, args = _model(activation)
     reference = _grads(mlp, args, compiled=False)  # CPU: the reference target
     with lowerings.registered(simulated_target(fused=False)):
-        [site] = nv.explain(mlp, *args).sites
+        [site] = nv.explain(mlp)(*args).sites
         assert site.target == "cudnn_sim" and cd.GEMM in site.reason
         eager = _grads(mlp, args, compiled=False)
         compiled = _grads(mlp, args, compiled=True)
@@ -192,7 +192,7 @@ def test_fused_step_compiled_equals_eager(activation, sign_mask, recompute):
     recipe = nv.Recipe(sign_mask=sign_mask)
     mlp, args = _model(activation, recipe)
     with lowerings.registered(simulated_target()):
-        [site] = nv.explain(mlp, *args, recipe=recipe, recompute=recompute).sites
+        [site] = nv.explain(mlp, backend=nv.backend(recipe=recipe, recompute=recompute))(*args).sites
         assert site.target == "cudnn_sim"
         assert f"fc1: {cd.fc1_wrapper(activation, sign_mask == 0)}" in site.reason
         assert f"fc2 dgrad: {cd.dgrad_wrapper(activation)}" in site.reason

@@ -40,10 +40,10 @@ def test_cuda_sites_plan_the_triton_target_with_its_fused_kernels(activation):
     plan = choose_plan(SiteSpec.on("cuda", activation, hidden=HIDDEN, ffn=FFN), nv.Recipe())
     assert (plan.target, plan.fused_fc1, plan.fused_amax, plan.fused_dgrad) == ("triton", True, False, True), plan
     mlp, args = _model(activation)
-    [site] = nv.explain(mlp, *args).sites
+    [site] = nv.explain(mlp)(*args).sites
     assert site.target == "triton" and site.reason == plan.reason
     assert site.traced and "launches: traced, Inductor's generated code launches each kernel" in str(
-        nv.explain(mlp, *args))
+        nv.explain(mlp)(*args))
     major, minor = torch.cuda.get_device_capability()
     if major < 10:  # Hopper and older: explain says why the Blackwell target was passed over
         assert f"cudnn needs compute capability >= 10.0, the device has {major}.{minor}" in site.reason, site.reason
@@ -56,7 +56,7 @@ ROUNDING = pytest.mark.parametrize("stochastic_rounding", [True, False], ids=["s
 def test_compiled_equals_eager_on_gpu(activation, stochastic_rounding):
     mlp, args = _model(activation)
     mlp.recipe = nv.Recipe(stochastic_rounding=stochastic_rounding)
-    report = nv.compare(mlp, *args)
+    report = nv.compare(mlp)(*args)
     assert report.bitwise, str(report)
 
 
@@ -68,7 +68,7 @@ def test_compare_is_bitwise_on_a_model_that_adds_with_atomics():
     torch.manual_seed(0)
     moe = mm.TitanMoE().cuda()
     x = moe.inputs(0)[0].cuda().requires_grad_()
-    report = nv.compare(moe, x)
+    report = nv.compare(moe)(x)
     assert report.sites == 1 and report.bitwise, str(report)
 
 

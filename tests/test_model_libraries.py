@@ -88,7 +88,7 @@ def test_transformers_experts_forms_compiled_equal_eager(case):
     experts = lib.build_experts(case)
     block = mm.SparseMoeBlock(experts)
     x = mm._x(0, 32, mm.H).requires_grad_()
-    report = nv.compare(block, x, compiler="aot_eager")
+    report = nv.compare(block, backend=nv.backend(compiler="aot_eager"))(x)
     assert report.bitwise, str(report)
 
 
@@ -101,10 +101,10 @@ def test_whole_model_training_step(family):
     whole model bitwise equal to the eager NVFP4 chain (every parameter's gradient)."""
     model = lib.Logits(lib.tiny_causal_lm(family)).train()
     ids = lib.input_ids()
-    report = nv.explain(model, ids)
+    report = nv.explain(model)(ids)
     assert [(s.spelling, s.activation) for s in report.sites] == [("token_permutation", "swiglu")], str(report)
     assert f"modeling_{family}.py:" in report.sites[0].location and report.rejected == []
-    compared = nv.compare(model, ids, compiler="aot_eager")
+    compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(ids)
     assert compared.bitwise and len(compared.rows) > 10, str(compared)
 
 
@@ -160,7 +160,7 @@ def test_every_moe_layer_of_a_whole_model_is_rewritten_or_rejected(family):
         pytest.skip(f"transformers {transformers.__version__} has no {family}")
     model = lib.any_tiny_causal_lm(family, **SETTINGS.get(family, {})).train()
     layers = lib.experts_called(model, lib.input_ids())
-    report = nv.explain(lib.Logits(model), lib.input_ids())
+    report = nv.explain(lib.Logits(model))(lib.input_ids())
     assert layers >= 1, "no experts layer built"  # 1 where the family's first layer stays dense
     if family in OTHER_ACTIVATION:
         assert report.sites == [] and len(report.rejected) == layers, str(report)
@@ -177,7 +177,7 @@ def test_whole_model_of_another_design_is_bitwise(family):
     (multimodal rotary sections) and LFM2-MoE (short-convolution layers, an expert bias in
     the router): every output and gradient bitwise equal to the eager NVFP4 chain."""
     model = lib.Logits(lib.any_tiny_causal_lm(family, **SETTINGS.get(family, {})).train())
-    compared = nv.compare(model, lib.input_ids(), compiler="aot_eager")
+    compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(lib.input_ids())
     assert compared.bitwise and compared.sites == lib.experts_layers(model), str(compared)
 
 
@@ -186,8 +186,8 @@ def test_whole_model_eval(family):
     model = lib.Logits(lib.tiny_causal_lm(family)).eval()
     ids = lib.input_ids()
     with torch.no_grad():
-        assert len(nv.explain(model, ids).sites) == 1
-        compared = nv.compare(model, ids, compiler="aot_eager")
+        assert len(nv.explain(model)(ids).sites) == 1
+        compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(ids)
     assert compared.bitwise and len(compared.rows) == 1, str(compared)
 
 
@@ -203,12 +203,12 @@ def test_gradient_checkpointing():
     enable()
     model.config.use_cache = False  # else a warning is logged at every step: a graph break
     model, ids = lib.Logits(model), lib.input_ids()
-    report = nv.explain(model, ids)
+    report = nv.explain(model)(ids)
     if not report.sites:
         assert any("skip_fwd_side_effects_in_bwd_under_checkpoint" in b.fix for b in report.graph_breaks), str(report)
     with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
-        report = nv.explain(model, ids)
-        compared = nv.compare(model, ids, compiler="aot_eager")
+        report = nv.explain(model)(ids)
+        compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(ids)
     assert [s.checkpointed for s in report.sites] == [True], str(report)
     assert compared.bitwise and compared.sites == 1, str(compared)
 
@@ -220,8 +220,8 @@ def test_fp32_master_weights_under_bf16_autocast():
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
     ids = lib.input_ids()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        report = nv.explain(model, ids)
-        compared = nv.compare(model, ids, compiler="aot_eager")
+        report = nv.explain(model)(ids)
+        compared = nv.compare(model, backend=nv.backend(compiler="aot_eager"))(ids)
     assert [s.activation for s in report.sites] == ["swiglu"] and report.rejected == [], str(report)
     assert compared.bitwise, str(compared)
     experts = model.model.model.layers[0].mlp.experts
@@ -245,8 +245,8 @@ def test_autocast_inside_the_compiled_function():
                 return self.model(input_ids=ids).logits
 
     ids = lib.input_ids()
-    assert len(nv.explain(Step(), ids).sites) == 1
-    compared = nv.compare(Step(), ids, compiler="aot_eager")
+    assert len(nv.explain(Step())(ids).sites) == 1
+    compared = nv.compare(Step(), backend=nv.backend(compiler="aot_eager"))(ids)
     assert compared.bitwise, str(compared)
 
 
@@ -254,7 +254,7 @@ def test_fp32_model_lists_every_skipped_candidate_with_its_reason():
     """No autocast, fp32 weights: transformers routes the experts through its own op; the
     candidate is listed with the rule and the value, at the model file's line."""
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32))
-    report = nv.explain(model, lib.input_ids())
+    report = nv.explain(model)(lib.input_ids())
     assert report.sites == [] and len(report.rejected) == 1, str(report)
     location, spelling, reason = report.rejected[0]
     assert "x is torch.float32" in reason and "no torch.autocast is in force" in reason
@@ -263,7 +263,7 @@ def test_fp32_model_lists_every_skipped_candidate_with_its_reason():
 
 def test_gpt_oss_is_a_near_miss_with_its_reason():
     model = lib.Logits(lib.tiny_causal_lm("gpt_oss"))
-    report = nv.explain(model, lib.input_ids())
+    report = nv.explain(model)(lib.input_ids())
     assert report.sites == [] and report.rejected, str(report)
     assert any("modeling_gpt_oss.py" in loc and "is not srelu, tanh_srelu or swiglu" in reason
                for loc, _, reason in report.rejected), str(report)
@@ -273,13 +273,13 @@ def test_eager_experts_loop_is_reported_not_crashed():
     """``experts_implementation="eager"``: a loop over the hit experts (data-dependent):
     Dynamo breaks the graph; explain says so."""
     model = lib.Logits(lib.tiny_causal_lm("olmoe", experts_implementation="eager"))
-    report = nv.explain(model, lib.input_ids())
+    report = nv.explain(model)(lib.input_ids())
     assert report.sites == [] and report.graph_breaks, str(report)
 
 
 def test_batched_mm_is_rejected_with_its_reason():
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", experts_implementation="batched_mm"))
-    report = nv.explain(model, lib.input_ids())
+    report = nv.explain(model)(lib.input_ids())
     assert report.sites == [] and any("per-token" in reason for *_, reason in report.rejected), str(report)
 
 
@@ -288,5 +288,5 @@ def test_fp32_master_weights_under_bf16_autocast_with_inductor():
     expert block compiled by stock Inductor in the eager-semantics run too)."""
     model = lib.Logits(lib.tiny_causal_lm("qwen3_moe", dtype=torch.float32)).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        compared = nv.compare(model, lib.input_ids())  # scope="blocks", compiler="inductor": the defaults
+        compared = nv.compare(model)(lib.input_ids())  # scope="blocks", compiler="inductor": the defaults
     assert compared.bitwise, str(compared)

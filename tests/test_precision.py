@@ -189,3 +189,16 @@ def test_the_final_phase_is_one_recompile_of_the_same_module():
     model(*inputs)
     assert counters["stats"]["unique_graphs"] == frames + 1
     assert counters["nvfp4"]["sites_kept_bf16"] == kept + 3
+
+
+def test_explain_lists_kept_sites_and_each_sites_rule():
+    model, inputs, _ = MODELS["torchtitan"]()
+    policy = nv.Precision(last_moe_layers_bf16=1, recipes={"layers.0.*": nv.Recipe(stochastic_rounding=False)})
+    report = nv.explain(model, backend=nv.backend(compiler="aot_eager", precision=policy))(*inputs)
+    assert len(report.sites) == 2 and [(path, rule) for _, path, rule in report.kept] == [
+        ("layers.2.moe.experts", "last_moe_layers_bf16=1")]
+    assert [site.policy for site in report.sites] == ["recipes glob 'layers.0.*'", "default"]
+    text = str(report)
+    assert "2 grouped MLP(s) rewritten, 1 kept in BF16" in text and "kept in BF16 by the precision policy" in text
+    assert "NVFP4 with the recipe of recipes glob 'layers.0.*'" in text
+    assert "SR" not in report.sites[0].backward_steps[0][0] and "SR" in report.sites[1].backward_steps[0][0]

@@ -159,7 +159,7 @@ def test_made_up_target_is_planned_run_and_explained(sign_mask):
     counts = collections.Counter()
     with lowerings.registered(counting_target("counting", counts, MASKLESS)):
         mlp, args = _model(recipe=recipe)
-        report = nv.explain(mlp, *args, recipe=recipe)
+        report = nv.explain(mlp, backend=nv.backend(recipe=recipe))(*args)
         [s] = report.sites
         assert s.target == "counting" and "counting" in str(report)
         fused_amax = sign_mask == 0
@@ -171,7 +171,7 @@ def test_made_up_target_is_planned_run_and_explained(sign_mask):
         assert ("amax pass over D (pre + post RHT)" in forward) is not fused_amax
         assert all(runs.startswith("test_targets.") for _, runs in s.forward_steps + s.backward_steps)
 
-        compare = nv.compare(mlp, *args, recipe=recipe, compiler="aot_eager")
+        compare = nv.compare(mlp, backend=nv.backend(recipe=recipe, compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)
 
         counts.clear()
@@ -196,12 +196,12 @@ def test_recompute_rebuilds_d_where_the_steps_say(d_after_dgrad):
     counts = collections.Counter()
     with lowerings.registered(counting_target("counting", counts, MASKLESS, d_after_dgrad=d_after_dgrad)):
         mlp, args = _model("srelu")
-        [s] = nv.explain(mlp, *args, recompute=True).sites
+        [s] = nv.explain(mlp, backend=nv.backend(recompute=True))(*args).sites
         backward = [text for text, _ in s.backward_steps]
         assert ("activation(C) * p -> D, rebuilt after the dgrad" in backward) is d_after_dgrad
         assert any(t.startswith("fc2 dgrad + activation backward") and t.endswith("D regenerated")
                    for t in backward) is not d_after_dgrad
-        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        compare = nv.compare(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)
         counts.clear()
         compiled = torch.compile(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))
@@ -222,11 +222,11 @@ def test_recompute_makes_d_inside_its_cast_where_the_target_can():
 
     with lowerings.registered(counting_target("counting", counts, MASKLESS, activation_quantize=activation_quantize)):
         mlp, args = _model("srelu")
-        [s] = nv.explain(mlp, *args, recompute=True).sites
+        [s] = nv.explain(mlp, backend=nv.backend(recompute=True))(*args).sites
         backward = [text for text, _ in s.backward_steps]
         assert any("D inside the cast" in t for t in backward)
         assert "activation(C) * p -> D, rebuilt after the dgrad" not in backward
-        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        compare = nv.compare(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)
         counts.clear()
         compiled = torch.compile(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))
@@ -263,11 +263,11 @@ def test_a_fused_fc1_not_reading_the_stored_c_keeps_d():
     counts = collections.Counter()
     with lowerings.registered(counting_target("counting", counts, fp32_epilogue)):
         mlp, args = _model()
-        [s] = nv.explain(mlp, *args, recompute=True).sites
+        [s] = nv.explain(mlp, backend=nv.backend(recompute=True))(*args).sites
         assert "D col data" in [name for name, *_ in s.saved]
         assert "quantize D: row + col RHT (row as deq() values)" in dict(s.forward_steps)
         assert "quantize dY: row + col RHT, SR (row as deq() values)" in dict(s.backward_steps)
-        compare = nv.compare(mlp, *args, recompute=True, compiler="aot_eager")
+        compare = nv.compare(mlp, backend=nv.backend(recompute=True, compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)
     assert counts["fc2_dgrad_act"] == 2 and counts["D regenerated"] == 0  # compare: eager, compiled
 
@@ -277,12 +277,12 @@ def test_made_up_target_refused_for_an_activation_it_does_not_run():
     srelu_only = dataclasses.replace(MASKLESS, activations=frozenset({"srelu"}))
     with lowerings.registered(counting_target("counting", counts, srelu_only)):
         mlp, args = _model("swiglu")
-        [s] = nv.explain(mlp, *args).sites
+        [s] = nv.explain(mlp)(*args).sites
         assert s.target == "reference" and "counting does not run swiglu" in s.reason
         torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(*args).sum().backward()
         assert sum(counts.values()) == 0
         mlp, args = _model("srelu")
-        [s] = nv.explain(mlp, *args).sites
+        [s] = nv.explain(mlp)(*args).sites
         assert s.target == "counting"
 
 

@@ -278,8 +278,9 @@ def test_option_is_checked_and_explain_names_the_reuse():
         BackendOptions.parse({"reuse_weight_casts": "yes"})
     mlp, xs, sizes, probs = _model_and_batches()
     x = xs[0].requires_grad_()
-    assert "reuse_weight_casts() block" in str(nv.explain(mlp, x, sizes, probs, reuse_weight_casts=True))
-    assert "reuse_weight_casts() block" not in str(nv.explain(mlp, x, sizes, probs))
+    reusing = nv.backend(reuse_weight_casts=True)
+    assert "reuse_weight_casts() block" in str(nv.explain(mlp, backend=reusing)(x, sizes, probs))
+    assert "reuse_weight_casts() block" not in str(nv.explain(mlp)(x, sizes, probs))
 
 
 # ---------------------------------------------------------------------------------------

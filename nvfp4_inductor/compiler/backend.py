@@ -133,7 +133,7 @@ def _site_call(options: BackendOptions, plan: Plan) -> tuple:
     return fused_grouped_mlp, site_options(options.recipe, options.recompute, plan, options.reuse_weight_casts)
 
 
-def _options_for(site: Site, options: BackendOptions, decision: SiteDecision) -> BackendOptions:
+def options_for_site(site: Site, options: BackendOptions, decision: SiteDecision) -> BackendOptions:
     """The precision policy's recipe for the site where it gives one; else a
     ``grouped_mlp``/``GroupedMLP`` call keeps the recipe its caller gave it, and plain
     spellings take the backend's."""
@@ -193,7 +193,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
                 continue
             counters["nvfp4"]["sites_rewritten"] += 1
             counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
-            site_backend_options = _options_for(site, options, decision)
+            site_backend_options = options_for_site(site, options, decision)
             plan = plan_for(site, device, site_backend_options.recipe)
             rewritten.append(site)
             calls.append((site_call or _site_call)(site_backend_options, plan))
@@ -481,6 +481,7 @@ def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler
         given = {**{f.name: getattr(configured, f.name) for f in dataclasses.fields(configured)}, **(options or {})}
         return compile_graph(gm, example_inputs, BackendOptions.parse(given), mode=mode)
 
+    nvfp4_configured.options = configured  # what inspection.py's tools compile with
     return nvfp4_configured
 
 
