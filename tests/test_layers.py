@@ -13,7 +13,7 @@ ROOT = pathlib.Path(nvfp4_inductor.__file__).parent
 LAYERS = [
     ("face", {"__init__", "inspection", "demo"}),
     ("compiler", {"compiler"}),
-    ("eager ops", {"nn", "ops", "quantize", "validate", "distributed", "weight_cache"}),
+    ("eager ops", {"nn", "program", "ops", "quantize", "validate", "distributed", "weight_cache"}),
     ("lowerings", {"lowerings"}),
     ("kernels", {"kernels"}),
     ("numerics", {"numerics", "activations"}),
