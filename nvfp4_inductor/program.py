@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import ops
+from . import distributed
 from .lowerings import Plan
 from .numerics import copy_amaxes
 from .recipe import Recipe
@@ -92,7 +92,7 @@ class Runner:
     def draw_sr_seeds(self, after: Tensor, n: int) -> list[Tensor]:
         """The backward's `n` stochastic-rounding seeds: one ``nvfp4::draw_sr_seeds`` call, the
         one place they are drawn (``Recipe.sr_per_rank`` honoured)."""
-        return ops.draw_sr_seeds(after, n, self.opts.recipe.sr_per_rank)
+        return distributed.draw_sr_seeds(after, n, self.opts.recipe.sr_per_rank)
 
     def fc1_wgrad_last(self, dcq: NVFP4GroupedTensor, saved: SavedForBackward) -> bool:
         return fc1_wgrad_last(dcq.rowwise_data, dcq.columnwise_data, saved.x_col_data, saved.w1_col_data)
