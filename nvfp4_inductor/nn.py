@@ -1,25 +1,17 @@
 """The grouped MLP in eager NVFP4: ``grouped_mlp`` and the ``GroupedMLP`` module.
 
-Forward and backward are docs/numerics.md section 5 run op by op (one ``nvfp4::`` op per step),
-on the plan ``lowerings.choose_plan`` gives for the call, the same function and the same
-plan as the backend's for a compiled site; this is the semantics the compiled path
-reproduces bit for bit.
-
-    forward                                       backward (dY)
-    xq  = group_quantize(x)   row + col RHT       dYq = group_quantize(dY)  row + col RHT, SR
-    W1q, W2q = quantize_weights (16x16 tiles)     G   = gemm(dYq.row, W2q.col)
-    C   = gemm(xq.row, W1q.row)        (saved)    dC, dp = activation_backward(G, C, p)
-    D   = activation(C, p)                        dW2 = wgrad(dYq.col, Dq.col)
-    Dq  = group_quantize(D)   row + col RHT       dCq = group_quantize(dC)  row + col RHT, SR
-    Y   = gemm(Dq.row, W2q.row)                   dX  = gemm(dCq.row, W1q.col)
-                                                  dW1 = wgrad(dCq.col, xq.col)
-Where the plan fuses fc1, ``fc1_act_amax`` replaces the fc1 GEMM and the activation (and,
-with ``fused_amax``, gives D's amaxes to its casts); where it fuses the dgrad,
-``fc2_dgrad_act`` replaces G's GEMM and the activation backward. On the reference and
-Triton targets fused and unfused steps give the same bits; on cuDNN they do not
-(numerics.md 7), and eager means the fused ones there, as compiled does.
-The eager path saves D's column-wise copy; the compiled path instead regenerates D in the
-backward from C and the saved amaxes where the plan allows it (``compiler/fused.py``).
+Forward and backward are docs/numerics.md section 5, the steps of ``program.py`` (written once
+for this chain, the fused ops and ``explain``), run op by op: one ``nvfp4::`` op per step
+(``ops.EagerSteps``), on the plan ``lowerings.choose_plan`` gives for the call, the same
+function and the same plan as the backend's for a compiled site; this is the semantics the
+compiled path reproduces bit for bit. Where the plan fuses fc1, ``fc1_act_amax`` replaces the
+fc1 GEMM and the activation (and, with ``fused_amax``, gives D's amaxes to its casts); where
+it fuses the dgrad, ``fc2_dgrad_act`` replaces G's GEMM and the activation backward. On the
+reference and Triton targets fused and unfused steps give the same bits; on cuDNN they do
+not (numerics.md 7), and eager means the fused ones there, as compiled does.
+The eager path saves D's column-wise copy (``recompute`` off) and casts packed copies only;
+the compiled path instead regenerates D in the backward from C and the saved amaxes where
+the plan allows it (``compiler/fused.py``).
 """
 
 from __future__ import annotations

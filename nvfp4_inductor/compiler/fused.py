@@ -2,8 +2,9 @@
 
 Contract: ``nvfp4::grouped_mlp_fwd`` + ``grouped_mlp_bwd`` (three ops) are, as a
 pair, equivalent bit for bit to the eager chain of ``nn.py``; ``nvfp4::grouped_mlp_infer``
-is interchangeable with the pair's forward output. They call the same lowering steps as
-the eager ops, fused where the same plan fuses them, so equality is by construction.
+is interchangeable with the pair's forward output. They run the program the eager chain runs
+(``program.py``) over the target's own step table, fused where the same plan fuses them, so
+equality is by construction.
 What the forward returns beyond Y is exactly what AOTAutograd saves for the backward
 (``saved.SavedForBackward``):
 
@@ -39,12 +40,13 @@ generated code launches the kernels itself and plans every buffer; the stochasti
 seeds are then the one opaque op, ``nvfp4::draw_sr_seeds``.
 Every non-tensor argument of the ops (the activation, the recipe's fields, recompute, the
 plan's) is keyword-only, so FX graphs and Inductor's generated code print each by name
-(``activation='swiglu', rht=True, sign_mask=55272, ...``).
+(``activation='swiglu', rht=True, sign_mask=55272, ...``): the fields of ``program.SiteOptions``,
+flattened by ``schema_kwargs`` and rebuilt by ``site_options_from``, each op taking them all.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
