@@ -68,7 +68,7 @@ class Runner:
     signature) as ``runner.<field>(step, *args, **kwargs)``, `step` naming the program's step;
     plus ``quantize_weights(step, w, which, rowwise_deq)`` (which: "fc1" or "fc2", for the
     keys of reused casts), ``draw_sr_seeds(after, n)`` and ``fc1_wgrad_last(dcq, saved)``.
-    A subclass gives the weights' casts and the seeds."""
+    The fused ops' subclass routes reused weight casts by `which`; explain's records each call."""
 
     def __init__(self, steps, opts: SiteOptions):
         self.steps, self.opts = steps, opts

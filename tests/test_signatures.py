@@ -21,8 +21,9 @@ MOST = 12
 # Decorators that make a function an op body or a kernel: its parameters are a schema's or a launch's.
 SCHEMA_DECORATORS = ("custom_op", "target_op", "kernel_op", "register_fake", "triton.jit")
 # The stand-ins for the vendor's wrappers (their signatures are the vendor's), and the flat
-# call a rewritten graph makes (its constants print by name and key AOTAutograd's cache).
-ALLOWED = {"lowerings/cudnn_sim.py": "*", "compiler/fused.py": "fused_grouped_mlp"}
+# call a rewritten graph makes (its constants print by name and key AOTAutograd's cache); by
+# file name, wherever the file sits.
+ALLOWED = {"cudnn_sim.py": "*", "fused.py": "fused_grouped_mlp"}
 
 
 def _parameters(node: ast.FunctionDef) -> int:
@@ -41,7 +42,7 @@ def test_no_function_takes_more_than_twelve_parameters():
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _parameters(node) <= MOST:
                 continue
-            if _defines_schema(node) or ALLOWED.get(module) in ("*", node.name):
+            if _defines_schema(node) or ALLOWED.get(path.name) in ("*", node.name):
                 continue
             over.append(f"{module}:{node.lineno} {node.name} takes {_parameters(node)}")
     assert not over, "functions over 12 parameters (pass an options object):\n" + "\n".join(over)
