@@ -28,7 +28,8 @@ import torch  # noqa: E402
 import nvfp4_inductor.kernels as kernels  # noqa: E402
 from nvfp4_inductor import lowerings  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
-from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
+from nvfp4_inductor.program import SiteOptions  # noqa: E402
+from nvfp4_inductor.recipe import Recipe  # noqa: E402
 from nvfp4_inductor.saved import SavedForBackward  # noqa: E402
 
 
@@ -62,11 +63,9 @@ def triton_here(inline: bool = False) -> str:
 def fused_step(x, w1, w2, sizes, probs, dy, activation, clamp, recompute, target, *, backward=True):
     """The fused forward op, then the backward ops, with every fused kernel planned,
     RHT, the default sign mask and stochastic rounding; returns (forward outputs, grads)."""
-    options = fused.BackwardOptions(activation=activation, tanh_clamp_scale=clamp, rht=True,
-                                    sign_mask=RHT_DEFAULT_SIGN_MASK, stochastic_rounding=True, recompute=recompute,
-                                    target=target, fused_dgrad=True)
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=True,
-                                fused_amax=lowerings.get_target(target).probe(x.device).fused_amax)
+    plan = lowerings.Plan(target, True, lowerings.get_target(target).probe(x.device).fused_amax, True, "")
+    options = SiteOptions(activation, clamp, Recipe(), plan, recompute=recompute)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **fused.schema_kwargs(options))
     if not backward:
         return fwd, None
     return fwd, fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)

@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from grouped_mlp import SHAPES  # noqa: E402
 from nvfp4_inductor import lowerings, ops  # noqa: E402
-from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK  # noqa: E402
+from nvfp4_inductor.program import SiteOptions, fc1_wgrad_last  # noqa: E402
+from nvfp4_inductor.recipe import Recipe  # noqa: E402
 from nvfp4_inductor.compiler import fused  # noqa: E402
 from nvfp4_inductor.saved import SavedForBackward  # noqa: E402
 
@@ -93,12 +94,10 @@ def main() -> None:
     x, dy = torch.empty(t, h, dtype=torch.bfloat16), torch.empty(t, h, dtype=torch.bfloat16)
     w1, w2 = torch.empty(g, f1, h, dtype=torch.bfloat16), torch.empty(g, h, f, dtype=torch.bfloat16)
     probs = torch.rand(t)
-    options = dict(activation=args.activation, tanh_clamp_scale=clamp, rht=True, sign_mask=RHT_DEFAULT_SIGN_MASK,
-                   stochastic_rounding=True, recompute=args.recompute, target=target, fused_dgrad=True)
+    plan = lowerings.Plan(target, True, lowerings.get_target(target).probe(x.device).fused_amax, True, "")
+    options = fused.schema_kwargs(SiteOptions(args.activation, clamp, Recipe(), plan, recompute=args.recompute))
     with LiveBytes() as mode:  # the op bodies: a mode sees a custom op as one call
-        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, **options, block_2d=True,
-                                                   fused_fc1=True,
-                                                   fused_amax=lowerings.get_target(target).probe(x.device).fused_amax)
+        y, *saved = fused.grouped_mlp_fwd._init_fn(x, w1, w2, sizes, probs, **options)
         forward_peak, after_forward = mode.peak, mode.now
         # the backward's three ops (fused.grouped_mlp_bwd), each saved tensor dropped after
         # its last reader as the compiled backward does
@@ -112,7 +111,7 @@ def main() -> None:
         del c, w2_col, d_col
         # fc1's two GEMMs in the order the backward runs them
         dgrad_args, wgrad_args = [*dcq[:3], *w1_col, sizes, target], [*dcq[3:], *x_col, offsets, target]
-        wgrad_last = fused.fc1_wgrad_last(dcq[0], dcq[3], x_col[0], w1_col[0])
+        wgrad_last = fc1_wgrad_last(dcq[0], dcq[3], x_col[0], w1_col[0])
         del dcq, x_col, w1_col
         if wgrad_last:
             dx = ops.grouped_gemm_op._init_fn(*dgrad_args)

@@ -172,6 +172,20 @@ def ensure_strategies(*tensors) -> None:
         register_sharding_strategies()
 
 
+def draw_sr_seeds(after, n: int, per_rank: bool) -> list:
+    """``nvfp4::draw_sr_seeds`` for a backward whose gradient `after` may be a Replicate
+    DTensor (the eager chain's all-Replicate case): drawn on the local tensor and made
+    Replicate DTensors, equal on every rank since ``local_operands`` refused ``sr_per_rank``
+    there (the op's list of seeds has no sharding strategy: DTensor's propagation needs a
+    fixed number of outputs)."""
+    if not is_dtensor(after):
+        return ops.draw_sr_seeds(after, n, per_rank)
+    from torch.distributed.tensor import DTensor
+
+    seeds = ops.draw_sr_seeds(after.to_local(), n, per_rank)
+    return [DTensor.from_local(s, after.device_mesh, after.placements, run_check=False) for s in seeds]
+
+
 def check_quantize_operand(x, *, stochastic_rounding: bool, sr_per_rank: bool) -> None:
     """The public quantizers' DTensor rule: a DTensor x runs the ops' strategies (Replicate
     outputs; other placements are redistributed to Replicate by DTensor), which with

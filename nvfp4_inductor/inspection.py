@@ -33,9 +33,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from .compiler import backend as backend_mod
-from .compiler.fused import describe_steps, saved_for_backward
+from .compiler.fused import explain_steps, saved_for_backward
 from .compiler.options import BackendOptions
-from .lowerings import get_target
+from .program import SiteOptions
 from .target_ops import inlines, launches_traced
 
 
@@ -434,9 +434,8 @@ def _site_report(site, plan, call_node, options: BackendOptions, regions: tuple[
         (name, str(t.dtype).replace("torch.", ""), _concrete(t.shape), math.prod(_concrete(t.shape)) * t.element_size())
         for name, t in kept
     ]
-    fwd, bwd = describe_steps(get_target(plan.target).steps(), plan, recompute=recompute,
-                              rht=options.recipe.rht, stochastic_rounding=options.recipe.stochastic_rounding,
-                              reuse_weight_casts=options.reuse_weight_casts)
+    fwd, bwd = explain_steps(SiteOptions(site.activation, site.tanh_clamp_scale, options.recipe, plan, recompute,
+                                         options.reuse_weight_casts))
     estimated = any(_size_hint(d)[1] for _, t in kept for d in t.shape)
     with launches_traced(options.trace_launches):  # as the backend compiles the site
         traced = inlines(plan.target, x.device)

@@ -177,6 +177,14 @@ def draw_seed(device=None, per_rank: bool = False) -> torch.Tensor:
     return seed ^ (rank << 32) if rank else seed  # rank 0: no fold, no extra launch
 
 
+def require_seed(stochastic_rounding: bool, seed: Optional[Seed], name: str) -> None:
+    """A quantizer's check that stochastic rounding comes with its seed: seeds are drawn in
+    one place (``draw_seed``, called by the ``nvfp4::`` ops and ``nvfp4::draw_sr_seeds``),
+    never by a quantizer itself, where ``sr_per_rank`` would not reach."""
+    if stochastic_rounding and seed is None:
+        raise ValueError(f"{name}: stochastic_rounding=True needs a seed (numerics.draw_seed draws one)")
+
+
 def sr_random_bytes(seed: Seed, rows: int, cols: int, stream: int, device) -> torch.Tensor:
     """uint8 (rows, cols): the random byte of each element of a (rows, cols) matrix that is
     quantized in 1x16 blocks along cols (block index = row * cols/16 + col // 16)."""
@@ -288,10 +296,10 @@ def quantize_torch(
     seed: Optional[Seed] = None,
 ) -> NVFP4Tensor:
     """Quantize an (M, K) tensor (numerics.md 2-4). Arguments as ``nvfp4_inductor.quantize``;
-    `seed` (drawn with ``draw_seed`` when None and stochastic rounding is on) fixes the bits.
+    `seed` fixes the bits of stochastic rounding and is required with it (the ops draw it:
+    ``draw_seed``, the one draw, which honours ``sr_per_rank``).
     Inputs are assumed valid (``nvfp4_inductor.validate`` checks them)."""
-    if stochastic_rounding and seed is None:
-        seed = draw_seed(x.device)
+    require_seed(stochastic_rounding, seed, "quantize_torch")
     m, k = x.shape
     out = NVFP4Tensor(None, None, None, None, None, None)
     if rowwise:
@@ -373,8 +381,7 @@ def group_quantize_torch(
     """Quantize a (T, K) tensor of G row groups, each with its own amaxes (numerics.md 4).
     Arguments as ``nvfp4_inductor.group_quantize`` (block_2d is accepted for symmetry but
     groups of tokens are never 2D-quantized: it is rejected by validation)."""
-    if stochastic_rounding and seed is None:
-        seed = draw_seed(x.device)
+    require_seed(stochastic_rounding, seed, "group_quantize_torch")
     tokens, k = x.shape
     groups = group_sizes.numel()
     group_of_row, padded_row, padded_offsets, group_of_padded_row = group_layout(group_sizes, tokens)

@@ -6,11 +6,13 @@ device (``lowerings.choose_target``): the Triton kernels on CUDA, the reference 
 Fake impls give shapes for tracing. Optional outputs (a copy that was not asked for) come back as empty tensors;
 the Python wrappers in ``quantize.py`` turn them into None.
 
-Stochastic rounding draws its Philox seed inside the op (``numerics.draw_seed``) at run
-time, as a tensor on x's device from that device's generator (no host read, so CUDA graphs
-replay fresh draws): eager and compiled runs consume the generator in the same order, so a
-fixed ``torch.manual_seed`` gives the same bits in both. ``sr_per_rank``
-(``Recipe.sr_per_rank``) folds the torch.distributed rank into that seed.
+Stochastic-rounding seeds are drawn by ``numerics.draw_seed`` at run time, as tensors on the
+data's device from that device's generator (no host read, so CUDA graphs replay fresh
+draws); ``sr_per_rank`` (``Recipe.sr_per_rank``) folds the torch.distributed rank into each.
+The grouped MLP's backward draws its seeds in one ``nvfp4::draw_sr_seeds`` call (eager and
+compiled alike, ``program.py``) and passes each to its cast (``seed``); a quantize op given
+none draws its own. Eager and compiled runs consume the generator in the same order, so a
+fixed ``torch.manual_seed`` gives the same bits in both.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .activations import compute_dtype, get_activation
 from .constants import BLOCK
 from .lowerings import steps_for
 from .target_ops import target_op
+from .tensor import NVFP4GroupedTensor, NVFP4WeightStack
 from .validate import check_group_sizes_values
 from .weight_cache import weight_copies
 
@@ -37,6 +40,30 @@ def _empty(like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 def _or_empty(t: Optional[Tensor], like: Tensor, dtype: torch.dtype) -> Tensor:
     return _empty(like, dtype) if t is None else t
+
+
+def _seed(seed: Optional[Tensor], stochastic_rounding: bool, device, sr_per_rank: bool) -> Optional[Tensor]:
+    """The seed a cast rounds with: the one given, else drawn here (``numerics.draw_seed``)."""
+    if not stochastic_rounding:
+        return None
+    return seed if seed is not None else numerics.draw_seed(device, sr_per_rank)
+
+
+@torch.library.custom_op(f"{LIB}::draw_sr_seeds", mutates_args=())
+def draw_sr_seeds(after: Tensor, n: int, per_rank: bool) -> list[Tensor]:
+    """`n` stochastic-rounding seeds (``numerics.draw_seed``, drawn one after another on
+    `after`'s device): the grouped MLP's backward draws its seeds here, eager and compiled,
+    as one op that a compiled graph keeps whole: traced, the draws would become Inductor's
+    own random numbers, not the eager chain's. `after` (the step's incoming gradient) is not
+    read: it orders the draws after every draw that produced it, as in eager execution,
+    since their order fixes their values and Inductor may reorder nodes that nothing
+    connects."""
+    return [numerics.draw_seed(after.device, per_rank) for _ in range(n)]
+
+
+@draw_sr_seeds.register_fake
+def _(after, n, per_rank):
+    return [after.new_empty((), dtype=torch.int64) for _ in range(n)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -68,7 +95,7 @@ def quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
-        seed=numerics.draw_seed(x.device, sr_per_rank) if stochastic_rounding else None,
+        seed=_seed(None, stochastic_rounding, x.device, sr_per_rank),
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple(), dtypes))
@@ -104,8 +131,10 @@ def group_quantize_op(
     columnwise_amax: Optional[Tensor],
     target: Optional[str] = None,
     sr_per_rank: bool = True,
+    seed: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """NVFP4GroupedTensor fields without group_sizes (the caller has them)."""
+    """NVFP4GroupedTensor fields without group_sizes (the caller has them). `seed`: the
+    stochastic-rounding seed (drawn here when None)."""
     check_group_sizes_values(group_sizes, x.shape[0])
     q = steps_for(target, x.device).group_quantize(
         x,
@@ -117,7 +146,7 @@ def group_quantize_op(
         stochastic_rounding=stochastic_rounding,
         rowwise_amax=rowwise_amax,
         columnwise_amax=columnwise_amax,
-        seed=numerics.draw_seed(x.device, sr_per_rank) if stochastic_rounding else None,
+        seed=_seed(seed, stochastic_rounding, x.device, sr_per_rank),
     )
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2 + (torch.int64,)
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple()[:7], dtypes))
@@ -125,7 +154,7 @@ def group_quantize_op(
 
 @group_quantize_op.register_fake
 def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
-      target=None, sr_per_rank=True):
+      target=None, sr_per_rank=True, seed=None):
     t, k = x.shape
     g = group_sizes.shape[0]
     p = numerics.columnwise_capacity(t, g)
@@ -335,3 +364,64 @@ def fc2_dgrad_act_op(
 def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation, tanh_clamp_scale,
       target=None):
     return c.new_empty(c.shape), c.new_empty(c.shape[0] if probs is not None else 0, dtype=compute_dtype(c))
+
+
+# ---------------------------------------------------------------------------------------
+# The eager chain's step table
+
+
+def _present(out, rowwise: bool, columnwise: bool) -> list:
+    """An op's copies with the ones not asked for (returned empty) as None."""
+    keep = [rowwise] * 3 + [columnwise] * 3
+    return [t if k else None for t, k in zip(out, keep)]
+
+
+class EagerSteps:
+    """A step table (``lowerings.Steps``'s fields, with their signatures) made of this
+    module's ops, bound to `target`: what the eager chain runs the program with
+    (``program.py``), so each step is one ``nvfp4::`` op call (with its DTensor sharding
+    strategy) running that target's step. Packed operands only; D is never regenerated (the
+    eager chain saves its column-wise copy). `sr_per_rank`: passed to the casts, where the
+    DTensor strategies check it."""
+
+    deq_operands = False
+    d_after_dgrad = False
+    activation_quantize = None
+
+    def __init__(self, target: Optional[str], sr_per_rank: bool = True):
+        self.target, self.sr_per_rank = target, sr_per_rank
+
+    def group_quantize(self, x, group_sizes, *, rowwise, columnwise, rht=False, sign_mask=0,
+                       stochastic_rounding=False, rowwise_amax=None, columnwise_amax=None, seed=None):
+        out = group_quantize_op(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
+                                rowwise_amax, columnwise_amax, self.target, self.sr_per_rank, seed)
+        return NVFP4GroupedTensor(*_present(out[:6], rowwise, columnwise), out[6], group_sizes)
+
+    def group_hadamard_amax(self, x, group_sizes, sign_mask):
+        return group_hadamard_amax_op(x, group_sizes, sign_mask, self.target)
+
+    def quantize_weights(self, w, *, block_2d):
+        return NVFP4WeightStack(*quantize_weights_op(w, block_2d, self.target))
+
+    def grouped_gemm(self, *operands):
+        return grouped_gemm_op(*operands, self.target)
+
+    def grouped_gemm_wgrad(self, *operands):
+        return grouped_gemm_wgrad_op(*operands, self.target)
+
+    def activation_forward(self, c, probs, activation, tanh_clamp_scale):
+        return activation_op(c, probs, activation, tanh_clamp_scale, self.target)
+
+    def activation_backward(self, g, c, probs, activation, tanh_clamp_scale, *, regenerate=False):
+        dc, dp, d = activation_backward_op(g, c, probs, activation, tanh_clamp_scale, regenerate, self.target)
+        return dc, dp if probs is not None else None, d if regenerate else None
+
+    def fc1_act_amax(self, *operands, want_amax=True):
+        c, d, pre_rht, post_rht = fc1_act_amax_op(*operands, want_amax, self.target)
+        return (c, d, pre_rht, post_rht) if want_amax else (c, d, None, None)
+
+    def fc2_dgrad_act(self, *operands, regenerate=False):
+        if regenerate:
+            raise ValueError("nvfp4::fc2_dgrad_act does not regenerate D (the eager chain saves its column-wise copy)")
+        dc, dp = fc2_dgrad_act_op(*operands, self.target)
+        return dc, dp if operands[8] is not None else None, None

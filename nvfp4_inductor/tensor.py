@@ -80,6 +80,14 @@ class NVFP4GroupedTensor:
     columnwise_offsets: torch.Tensor
     group_sizes: torch.Tensor
 
+    def rowwise(self) -> tuple:
+        """(data, scale, amax) of the row-wise copy: a GEMM step's operand."""
+        return self.rowwise_data, self.rowwise_scale, self.rowwise_amax
+
+    def columnwise(self) -> tuple:
+        """(data, scale, amax) of the column-wise copy: a wgrad step's operand."""
+        return self.columnwise_data, self.columnwise_scale, self.columnwise_amax
+
     def columnwise_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per group, (data (K, m_g'/2), scale (K, m_g'/16)). Reads offsets on the host."""
         if self.columnwise_data is None:
@@ -136,6 +144,14 @@ class NVFP4WeightStack:
     columnwise_data: torch.Tensor
     columnwise_scale: torch.Tensor
     amax: torch.Tensor
+
+    def rowwise(self) -> tuple:
+        """(data, scale, amax) of the row-wise copy: fprop's weight operand."""
+        return self.rowwise_data, self.rowwise_scale, self.amax
+
+    def columnwise(self) -> tuple:
+        """(data, scale, amax) of the column-wise copy: dgrad's weight operand."""
+        return self.columnwise_data, self.columnwise_scale, self.amax
 
     def dequantize(self, columnwise: bool = False) -> torch.Tensor:
         """fp32 (G, N, K) from the row-wise copy, or (G, K, N) from the column-wise copy."""

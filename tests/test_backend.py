@@ -142,7 +142,7 @@ def test_recompute_saves_neither_fc2_input_nor_its_columnwise_copy(activation):
     forward_ops, backward_ops = _ops(forward), _ops(backward)
     assert "nvfp4.grouped_mlp_fwd.default" in forward_ops
     ours = [op for op in backward_ops if op.startswith("nvfp4.")]
-    # fc1's two GEMMs in the order fused.fc1_wgrad_last picks for the shapes
+    # fc1's two GEMMs in the order program.fc1_wgrad_last picks for the shapes
     assert ours[0] == "nvfp4.grouped_mlp_bwd_fc2.default", ours
     assert sorted(ours[1:]) == ["nvfp4.grouped_gemm.default", "nvfp4.grouped_gemm_wgrad.default"], ours
     # no separate column-wise quantize or amax reduction over D in either graph
@@ -255,7 +255,7 @@ def test_compiled_backward_frees_saved_tensors_after_their_last_reader(use_steps
 @pytest.mark.parametrize("experts, ffn, wgrad_last", [(4, 48, False), (8, 64, True)])
 def test_compiled_backward_runs_last_the_fc1_gemm_with_fewer_bf16_copies(use_steps, experts, ffn, wgrad_last):
     """The compiled backward graph holds fc1's dgrad and wgrad in the order
-    compiler/fused.fc1_wgrad_last picks (aot_eager runs the graph's order; Inductor may
+    compiler/program.fc1_wgrad_last picks (aot_eager runs the graph's order; Inductor may
     reorder independent ops by its own memory estimate, and on the reference target, whose
     ops stay whole, it does): the second one's transient bf16 operand copies sit beside
     both gradients (the step's peak). 64 tokens, H = 32: with 4 experts of F = 48 the
@@ -291,7 +291,7 @@ def test_compiled_backward_runs_last_the_fc1_gemm_with_fewer_bf16_copies(use_ste
 def test_fc1_gemm_order_refuses_a_dequantized_copy():
     """The order rule counts packed copies (2 elements a byte); a bf16 deq() copy of dC,
     which no plan makes today, would double its side and flip the order silently."""
-    from nvfp4_inductor.compiler.fused import fc1_wgrad_last
+    from nvfp4_inductor.program import fc1_wgrad_last
 
     packed = [torch.zeros(64, 16, dtype=torch.uint8) for _ in range(4)]
     assert fc1_wgrad_last(*packed) is False  # equal sides: the dgrad stays last

@@ -292,13 +292,15 @@ def _run_fused_ops(target, plan_flags, x, w1, w2, sizes, probs, dy, activation):
     """compiler/fused.py's forward op, then its backward, on `target` with the plan's
     (fused_fc1, fused_amax, fused_dgrad) flags; recompute on, SR off, default sign mask."""
     from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.lowerings import Plan
+    from nvfp4_inductor.program import SiteOptions
+    from nvfp4_inductor.recipe import Recipe
     from nvfp4_inductor.saved import SavedForBackward
 
     fused_fc1, fused_amax, fused_dgrad = plan_flags
-    options = fused.BackwardOptions(activation=activation, tanh_clamp_scale=None, rht=True, sign_mask=0xD7E8,
-                                    stochastic_rounding=False, recompute=True, target=target, fused_dgrad=fused_dgrad)
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=fused_fc1,
-                                fused_amax=fused_amax)
+    options = SiteOptions(activation, None, Recipe(sign_mask=0xD7E8, stochastic_rounding=False),
+                          Plan(target, fused_fc1, fused_amax, fused_dgrad, ""), recompute=True)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **fused.schema_kwargs(options))
     bwd = fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
     return fwd, bwd
 
@@ -374,14 +376,16 @@ def test_fused_backward_frees_before_the_largest_gemm(use_steps, activation, mon
     probs, dy = torch.rand(t, generator=gen), torch.randn(t, h, generator=gen).to(torch.bfloat16)
     x, w1, w2, sizes, probs, dy = (v.to(DEVICE) for v in (x, w1, w2, sizes, probs, dy))
     from nvfp4_inductor.compiler import fused
+    from nvfp4_inductor.lowerings import Plan
+    from nvfp4_inductor.program import SiteOptions
+    from nvfp4_inductor.recipe import Recipe
     from nvfp4_inductor.saved import SavedForBackward
 
     if activation == "swiglu":
         w1 = torch.cat([w1, w1.flip(1)], dim=1)  # (G, 2F, H): gate and up
-    options = fused.BackwardOptions(activation=activation, tanh_clamp_scale=None, rht=True, sign_mask=0xD7E8,
-                                    stochastic_rounding=False, recompute=True, target=target, fused_dgrad=True)
-    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True, fused_fc1=True,
-                                fused_amax=False)
+    options = SiteOptions(activation, None, Recipe(sign_mask=0xD7E8, stochastic_rounding=False),
+                          Plan(target, True, False, True, ""), recompute=True)
+    fwd = fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **fused.schema_kwargs(options))
     events.clear()
     fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(fwd[1:]), probs, sizes, options)
     alive = {"dC": False, "D": False} if activation == "swiglu" else {"dC": False}  # SReLU: D never made

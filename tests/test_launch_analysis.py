@@ -133,7 +133,7 @@ STACKED = SM90_DRIVER + textwrap.dedent("""
             x, *kept = fused.grouped_mlp_fwd(
                 x, w1, w2, sizes, probs, activation="srelu", tanh_clamp_scale=None, rht=True,
                 sign_mask=RHT_DEFAULT_SIGN_MASK, stochastic_rounding=True, recompute=True, target="triton",
-                fused_dgrad=True, block_2d=True, fused_fc1=True, fused_amax=False)
+                fused_dgrad=True, block_2d=True, fused_fc1=True, fused_amax=False, sr_per_rank=True)
             saved += kept  # as a training step's forward: no launch is dead code
         return x, *saved
 

@@ -16,7 +16,7 @@ LAYERS = [
     ("testing", {"testing"}),
     ("face", {"__init__", "inspection", "demo"}),
     ("compiler", {"compiler"}),
-    ("eager ops", {"nn", "ops", "target_ops", "quantize", "validate", "distributed", "weight_cache"}),
+    ("eager ops", {"nn", "program", "ops", "target_ops", "quantize", "validate", "distributed", "weight_cache"}),
     ("lowerings", {"lowerings"}),
     ("kernels", {"kernels"}),
     ("numerics", {"numerics", "activations"}),

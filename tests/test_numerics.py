@@ -924,16 +924,26 @@ def test_sr_reproducible_under_manual_seed():
     x = rand_bf16(32, 32, seed=50)
     kwargs = dict(columnwise=True, rht=True, stochastic_rounding=True)
     torch.manual_seed(1234)
-    a = numerics.quantize_torch(x, **kwargs)
+    a = numerics.quantize_torch(x, **kwargs, seed=numerics.draw_seed(x.device))
     torch.manual_seed(1234)
-    b = numerics.quantize_torch(x, **kwargs)
+    b = numerics.quantize_torch(x, **kwargs, seed=numerics.draw_seed(x.device))
     assert_nvfp4_equal(a, b, "same torch.manual_seed")
     torch.manual_seed(4321)
-    c = numerics.quantize_torch(x, **kwargs)
+    c = numerics.quantize_torch(x, **kwargs, seed=numerics.draw_seed(x.device))
     n_differ, n_total = count_differing_bytes(a.rowwise_data, c.rowwise_data)
     assert n_differ > n_total // 10, f"different seeds: only {n_differ} of {n_total} bytes differ"
     n_differ, n_total = count_differing_bytes(a.columnwise_data, c.columnwise_data)
     assert n_differ > n_total // 10
+
+
+def test_a_quantizer_never_draws_its_own_seed():
+    """Seeds are drawn in one place (the ops, through ``draw_seed``, which honours
+    ``sr_per_rank``): stochastic rounding without a seed is an error here."""
+    x = rand_bf16(32, 32, seed=51)
+    with pytest.raises(ValueError, match="quantize_torch: stochastic_rounding=True needs a seed"):
+        numerics.quantize_torch(x, stochastic_rounding=True)
+    with pytest.raises(ValueError, match="group_quantize_torch: stochastic_rounding=True needs a seed"):
+        numerics.group_quantize_torch(x, torch.tensor([32]), stochastic_rounding=True)
 
 
 def test_draw_seed_is_a_device_value_with_the_host_draws_bits():

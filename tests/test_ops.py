@@ -971,19 +971,19 @@ def _chain_backward(case: MCase, dy, c, probs, gs, xq, w1q, w2q, dq):
     return (dx, dw1, dw2) + ((dp,) if probs is not None else ())
 
 
-def _infer_kwargs(case: MCase) -> dict:
-    """The fused inference op's options: the case's recipe, the reference target's plan."""
-    return dict(activation=case.activation, tanh_clamp_scale=case.clamp, rht=case.rht, sign_mask=MASK,
-                block_2d=case.block_2d, target="reference", fused_fc1=False, fused_amax=False)
-
-
 def _fwd_kwargs(case: MCase, recompute: bool) -> dict:
-    return dict(_infer_kwargs(case), stochastic_rounding=False, recompute=recompute, fused_dgrad=False)
+    """The fused ops' options: the case's recipe (RNE), the reference target's plan."""
+    return dict(activation=case.activation, tanh_clamp_scale=case.clamp, rht=case.rht, sign_mask=MASK,
+                block_2d=case.block_2d, stochastic_rounding=False, recompute=recompute, target="reference",
+                fused_fc1=False, fused_amax=False, fused_dgrad=False)
+
+
+def _infer_kwargs(case: MCase) -> dict:
+    return _fwd_kwargs(case, False)
 
 
 def _bwd_fc2_kwargs(case: MCase, recompute: bool) -> dict:
-    return dict(activation=case.activation, tanh_clamp_scale=case.clamp, rht=case.rht, sign_mask=MASK,
-                stochastic_rounding=False, recompute=recompute, target="reference", fused_dgrad=False)
+    return _fwd_kwargs(case, recompute)
 
 
 @pytest.mark.parametrize("case", MLP_CASES, ids=str)

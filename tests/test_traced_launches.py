@@ -239,11 +239,16 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, free_symbols
     from torch._dynamo.source import ConstantSource
 
+    import dataclasses
+
     from nvfp4_inductor.compiler import fused
     from nvfp4_inductor.constants import RHT_DEFAULT_SIGN_MASK
     from nvfp4_inductor.kernels import _registry, api, config
     from nvfp4_inductor.kernels.config import Bf16GemmConfig
+    from nvfp4_inductor.lowerings import Plan
     from nvfp4_inductor.target_ops import launches_traced
+    from nvfp4_inductor.program import SiteOptions
+    from nvfp4_inductor.recipe import Recipe
     from nvfp4_inductor.saved import SavedForBackward
 
     assert not _registry.INTERPRET, "the child must run Triton's compiler front end, not its interpreter"
@@ -336,13 +341,11 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                 except Traced:
                     pass
 
-            options = fused.BackwardOptions(
-                activation=activation, tanh_clamp_scale=None, rht=True, sign_mask=RHT_DEFAULT_SIGN_MASK,
-                stochastic_rounding=True, recompute=recompute, target="triton", fused_dgrad=True)
+            options = SiteOptions(activation, None, Recipe(sign_mask=RHT_DEFAULT_SIGN_MASK),
+                                  Plan("triton", True, False, True, ""), recompute=recompute)
 
             def forward(x, w1, w2, sizes, probs):
-                return fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **options._asdict(), block_2d=True,
-                                             fused_fc1=True, fused_amax=False)
+                return fused.grouped_mlp_fwd(x, w1, w2, sizes, probs, **fused.schema_kwargs(options))
 
             def backward(dy, probs, sizes, *saved):
                 return fused.grouped_mlp_bwd(dy, SavedForBackward.unflatten(saved), probs, sizes, options)
@@ -373,8 +376,8 @@ TRACE = SM90_DRIVER + textwrap.dedent("""
                     # the backend option reuse_weight_casts: the weights' casts one opaque op, keyed
                     # on the graph inputs the weights come from (here the weights themselves)
                     trace("reuse", lambda x, w1, w2, sizes, probs: fused.grouped_mlp_fwd(
-                        x, w1, w2, sizes, probs, w1, None, w2, **options._asdict(), block_2d=True, fused_fc1=True,
-                        fused_amax=False, reuse_weight_casts=True, weight_derivation="fc1 = W; fc2 = W"),
+                        x, w1, w2, sizes, probs, w1, None, w2, **fused.schema_kwargs(dataclasses.replace(
+                            options, reuse_weight_casts=True, weight_derivation="fc1 = W; fc2 = W"))),
                         x, w1, w2, sizes, probs)
             key = f"{activation} recompute={recompute}"
             results[key] = {"fw": summarize(graphs["fw"], FW_INPUTS), "bw": summarize(graphs["bw"], BW_INPUTS)}

@@ -25,12 +25,12 @@ Differences from the references, on purpose:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from ..constants import RHT_DEFAULT_SIGN_MASK
-from ..numerics import Seed, columnwise_capacity, draw_seed
+from ..numerics import Seed, columnwise_capacity, require_seed
 from ..tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 from ._registry import INTERPRET
 from .activation import _act_code, _check, _clamp, is_gated
@@ -73,8 +73,7 @@ def _seed_tensor(stochastic_rounding: bool, seed: Optional[Seed], device, blocks
         torch._check(blocks < 2**32, too_many)
     elif blocks >= 2**32:
         raise ValueError(too_many())
-    if seed is None:
-        seed = draw_seed(device)
+    require_seed(stochastic_rounding, seed, "the Triton cast")
     if isinstance(seed, torch.Tensor):
         return seed.to(device=device, dtype=torch.int64).reshape(1)
     return torch.full((1,), seed, dtype=torch.int64, device=device)  # a fill: no host-to-device copy
@@ -167,14 +166,29 @@ def group_quantize(
     (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
     _check_input(x, "group_quantize")
     del block_2d
-    return _cast_groups(x, x.shape[1], group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
-                        rowwise_amax, columnwise_amax, seed, rowwise_deq)
+    cast = _GroupCast(rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax, seed,
+                      rowwise_deq)
+    return _cast_groups(x, x.shape[1], group_sizes, cast)
 
 
-def _cast_groups(x, k, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax,
-                 columnwise_amax, seed, rowwise_deq, probs=None, act=-1, clamp=1.0) -> NVFP4GroupedTensor:
+class _GroupCast(NamedTuple):
+    """``group_quantize``'s keywords (but ``block_2d``), as one value."""
+
+    rowwise: bool = True
+    columnwise: bool = False
+    rht: bool = False
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK
+    stochastic_rounding: bool = False
+    rowwise_amax: Optional[torch.Tensor] = None
+    columnwise_amax: Optional[torch.Tensor] = None
+    seed: Optional[Seed] = None
+    rowwise_deq: bool = False
+
+
+def _cast_groups(x, k, group_sizes, cast: _GroupCast, probs=None, act=-1, clamp=1.0) -> NVFP4GroupedTensor:
     """``group_quantize`` of x (T, K), or with ``act`` >= 0 of D made from C = x by the cast
     (``group_cast``'s activation arguments; K is D's width)."""
+    rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax, seed, rowwise_deq = cast
     tokens = x.shape[0]
     capacity = columnwise_capacity(tokens, group_sizes.shape[0])  # >= tokens: it bounds the SR blocks
     row_amax, col_amax = _amaxes(
@@ -203,23 +217,14 @@ def activation_group_quantize(
     activation: str,
     tanh_clamp_scale: Optional[float],
     group_sizes: torch.Tensor,
-    *,
-    rowwise: bool = True,
-    columnwise: bool = False,
-    rht: bool = False,
-    sign_mask: int = RHT_DEFAULT_SIGN_MASK,
-    stochastic_rounding: bool = False,
-    rowwise_amax: Optional[torch.Tensor] = None,
-    columnwise_amax: Optional[torch.Tensor] = None,
-    seed: Optional[Seed] = None,
-    rowwise_deq: bool = False,
+    **options,
 ) -> NVFP4GroupedTensor:
     """``group_quantize(activation_forward(c, probs, activation, tanh_clamp_scale), group_sizes,
     ...)`` in one launch per copy, bit for bit: the cast computes D = bf16(f(C) * p) from C's
     rows as it loads them, so D (T x F bf16) is never written or read. For the backward's
     recompute of the fc2 input, whose amaxes the forward saved: every copy's amax must be
     supplied (an amax pass would need D itself). C: bf16 (T, F), (T, 2F) for a gated
-    activation; F % 16 == 0."""
+    activation; F % 16 == 0. `options`: ``group_quantize``'s keywords (but ``block_2d``)."""
     _check(c, activation, "activation_group_quantize")
     act = _act_code(activation)
     d_width = c.shape[1] // 2 if is_gated(act) else c.shape[1]
@@ -227,14 +232,14 @@ def activation_group_quantize(
     if d_width % 16:
         raise ValueError(f"activation_group_quantize: D's width must be a multiple of 16, got {d_width} "
                          f"(C {tuple(c.shape)}, {activation})")
-    if (rowwise and rowwise_amax is None) or (columnwise and columnwise_amax is None):
+    cast = _GroupCast(**options)  # group_quantize's keywords (a TypeError names any other)
+    if (cast.rowwise and cast.rowwise_amax is None) or (cast.columnwise and cast.columnwise_amax is None):
         raise ValueError("activation_group_quantize: supply the amax of every copy asked for (D is never "
                          "materialized, so there is no amax pass over it)")
     if probs is not None and probs.shape != (c.shape[0],):
         raise ValueError(f"activation_group_quantize: probs must be ({c.shape[0]},), got {tuple(probs.shape)}")
-    return _cast_groups(c, d_width, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
-                        rowwise_amax, columnwise_amax, seed, rowwise_deq,
-                        probs.contiguous() if probs is not None else None, act, _clamp(activation, tanh_clamp_scale))
+    return _cast_groups(c, d_width, group_sizes, cast, probs.contiguous() if probs is not None else None, act,
+                        _clamp(activation, tanh_clamp_scale))
 
 
 def quantize_weights(w: torch.Tensor, *, block_2d: bool = True, rowwise_deq: bool = False) -> NVFP4WeightStack:
