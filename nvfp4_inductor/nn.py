@@ -65,7 +65,7 @@ def _runner(opts: program.SiteOptions) -> program.Runner:
 # field defaults through a Python lambda that wraps ``dataclasses.fields`` anew at every
 # call. Guard checks took 7.7% of a compiled step's host samples on the H200 with Recipe()
 # here, 3.4% with this instance, whose fields Dynamo guards by attribute, in C++
-# (benchmarks/NOTES.md runs J2, J3).
+# (docs/decisions.md, Host time).
 _DEFAULT_RECIPE = Recipe()
 
 

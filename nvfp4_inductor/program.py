@@ -105,7 +105,7 @@ def _deq(s: Runner) -> dict:
     after the cast, so no dequantize launch expands a packed copy written just before. Every
     other copy stays packed: those saved for the backward (3.6x smaller), dC's (held across
     fc2's wgrad), and the column-wise ones, whose casts slowed down by more than the
-    dequantize they save (NOTES, runs Y2-Y3, AC1-AC4). Equal bits: deq() is what the GEMMs read."""
+    dequantize they save (docs/decisions.md, Casts). Equal bits: deq() is what the GEMMs read."""
     return dict(rowwise_deq=True) if s.deq_operands else {}
 
 
@@ -243,13 +243,13 @@ def fc1_wgrad_last(dc_row_data: Tensor, dc_col_data: Tensor, x_col_data: Tensor,
     """Whether fc1's wgrad runs after its dgrad. On bf16 tensor cores each GEMM makes bf16
     deq() copies of its packed operands for its duration, and the one that runs second
     makes them beside both of fc1's gradients, dX and dW1 (and dW2 and Y): the step's
-    memory peak (run Z3's measured peaks at S1, S3 and S4 equal that sum to within 2%).
+    memory peak (the measured peaks at S1, S3 and S4 equal that sum to within 2%: docs/decisions.md, Memory).
     The wgrad's copies are x's and dC's column-wise ones (about T x (H + F1) elements),
     the dgrad's W1's and dC's row-wise ones (G x F1 x H + T x F1): the smaller set goes
     second, so the wgrad goes last about when T < G x F1 (S4: 65536 tokens against 128 x
     768). The order is chosen on whole copies, as measured then: W1's copy made in slices
     (``sizes.copy_slices``) only lowers the dgrad's side, and an order chosen on the slices
-    measured higher peaks at S3 and S4 (benchmarks/NOTES.md run M6). Packed sizes stand for
+    measured higher peaks at S3 and S4 (same section). Packed sizes stand for
     the copies' (both 2 elements a byte); a traced token count is read without a guard
     (neither GEMM draws random bits, so the order changes no result, only the peak), and a
     data-dependent one, which has no example value, keeps the dgrad last. A deq() copy (bf16)
