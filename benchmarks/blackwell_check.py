@@ -35,6 +35,8 @@ from nvfp4_inductor.lowerings import cudnn as cd
 from nvfp4_inductor.lowerings.cudnn_target import CUDNN, check_target
 from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE
 from nvfp4_inductor.testing import cudnn_sim, simulated_target
+from nvfp4_inductor.recipe import QuantizeOptions
+from nvfp4_inductor.tensor import Operand
 
 ROWS: list[list[str]] = []
 REL_TOL = 2 ** -6  # the simulator tests' tolerance for one bf16 rounding moved (cudnn_sim docstring)
@@ -67,6 +69,12 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def on(device, args) -> tuple:
+    """A GEMM step's arguments (two operands, then sizes or offsets) on `device`."""
+    a, b, sizes = args
+    return Operand(*(t.to(device) for t in a)), Operand(*(t.to(device) for t in b)), sizes.to(device)
+
+
 def check_steps(device) -> None:
     """Each wired step: real wrappers (device) vs the simulator (CPU) vs the reference."""
     real = cd.make_steps(__import__("cudnn"), REFERENCE)
@@ -76,8 +84,8 @@ def check_steps(device) -> None:
     x = torch.randn(int(sizes.sum()), 128, dtype=torch.bfloat16)
     xq = numerics.group_quantize_torch(x, sizes)
     wq = numerics.quantize_weights_torch(torch.randn(4, 256, 128, dtype=torch.bfloat16))
-    cpu = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
-    dev = tuple(t.to(device) for t in cpu)
+    cpu = (xq.rowwise(), wq.rowwise(), sizes)
+    dev = on(device, cpu)
     probs = torch.rand(x.shape[0])
 
     def row(name, got, simulated, reference=None):
@@ -91,16 +99,16 @@ def check_steps(device) -> None:
     xc = numerics.group_quantize_torch(x, sizes, rowwise=False, columnwise=True)
     gc = numerics.group_quantize_torch(torch.randn(x.shape[0], 256, dtype=torch.bfloat16), sizes, rowwise=False,
                                        columnwise=True)
-    wcpu = (gc.columnwise_data, gc.columnwise_scale, gc.columnwise_amax, xc.columnwise_data, xc.columnwise_scale,
-            xc.columnwise_amax, xc.columnwise_offsets)
-    row(f"{cd.WGRAD}: grouped wgrad", real.grouped_gemm_wgrad(*(t.to(device) for t in wcpu)),
+    wcpu = (gc.columnwise(), xc.columnwise(), xc.columnwise_offsets)
+    row(f"{cd.WGRAD}: grouped wgrad", real.grouped_gemm_wgrad(*on(device, wcpu)),
         sim.grouped_gemm_wgrad(*wcpu), REFERENCE.grouped_gemm_wgrad(*wcpu))
     c_ref = REFERENCE.grouped_gemm(*cpu)
     for act, clamp in (("srelu", None), ("tanh_srelu", 3.0), ("swiglu", None)):
         for want in ((False,) if act == "tanh_srelu" else (False, True)):
             name = cd.FC1_HADAMARD if want else cd.fc1_wrapper(act, False)
-            got = real.fc1_act_amax(*dev, probs.to(device), act, clamp, 0, want_amax=want)
-            ref = sim.fc1_act_amax(*cpu, probs, act, clamp, 0, want_amax=want)
+            unsigned = QuantizeOptions(rowwise=True, columnwise=True, rht=True, sign_mask=0)
+            got = real.fc1_act_amax(*dev, probs.to(device), act, clamp, unsigned, want_amax=want)
+            ref = sim.fc1_act_amax(*cpu, probs, act, clamp, unsigned, want_amax=want)
             row(f"{name} ({act}): C", got[0], ref[0], c_ref)
             row(f"{name} ({act}): D", got[1], ref[1], REFERENCE.activation_forward(c_ref, probs, act, clamp))
             if want:

@@ -68,7 +68,7 @@ from .constants import (
     SR_STREAM_ROWWISE,
 )
 from .formats import block_values, e2m1_encode, e4m3_decode, e4m3_encode, operand_values, pack_fp4
-from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
+from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack, Operand
 
 _U32 = 0xFFFFFFFF
 Seed = Union[int, torch.Tensor]  # a Philox seed: a host int, or a 0-d int64 tensor on the data's device
@@ -458,12 +458,8 @@ def gemm_alpha(a_amax: torch.Tensor, b_amax: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_gemm_torch(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     group_sizes: torch.Tensor,
 ) -> torch.Tensor:
     """fprop / dgrad: out[t] = bf16(alpha_g * deq(a)[t] . deq(b_g)^T) for t in group g.
@@ -471,6 +467,7 @@ def grouped_gemm_torch(
     a: row-wise grouped copy (T, K/2), (T, K/16), amax (G,); b: per-expert copies
     (G, N, K/2), (G, N, K/16), amax (G,); either may be given as its deq() values instead
     (``formats.operand_values``). fp32 matmul of exact deq() values."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     a_vals = operand_values(a_data, a_scale)
     b_vals = operand_values(b_data, b_scale)
     ends = torch.cumsum(group_sizes.to(torch.int64), 0).to(torch.int32)
@@ -480,17 +477,14 @@ def grouped_gemm_torch(
 
 
 def grouped_gemm_wgrad_torch(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     padded_offsets: torch.Tensor,
 ) -> torch.Tensor:
     """wgrad: out_g = bf16(alpha_g * deq(a_g) . deq(b_g)^T), contraction over group g's
     (padded) tokens. a: column-wise grouped copy (N, P/2), (N, P/16), post-RHT amax (G,);
     b: the same for the other operand (M, P/2). Returns (G, N, M)."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     a_vals = block_values(a_data, a_scale)
     b_vals = block_values(b_data, b_scale)
     acc = torch._grouped_mm(a_vals, b_vals.t(), offs=padded_offsets[1:].to(torch.int32))

@@ -26,8 +26,9 @@ from . import numerics
 from .activations import compute_dtype, get_activation
 from .constants import BLOCK
 from .lowerings import steps_for
+from .recipe import QuantizeOptions
 from .target_ops import target_op
-from .tensor import NVFP4GroupedTensor, NVFP4WeightStack
+from .tensor import NVFP4GroupedTensor, NVFP4WeightStack, Operand
 from .validate import check_group_sizes_values
 from .weight_cache import weight_copies
 
@@ -136,18 +137,9 @@ def group_quantize_op(
     """NVFP4GroupedTensor fields without group_sizes (the caller has them). `seed`: the
     stochastic-rounding seed (drawn here when None)."""
     check_group_sizes_values(group_sizes, x.shape[0])
-    q = steps_for(target, x.device).group_quantize(
-        x,
-        group_sizes,
-        rowwise=rowwise,
-        columnwise=columnwise,
-        rht=rht,
-        sign_mask=sign_mask,
-        stochastic_rounding=stochastic_rounding,
-        rowwise_amax=rowwise_amax,
-        columnwise_amax=columnwise_amax,
-        seed=_seed(seed, stochastic_rounding, x.device, sr_per_rank),
-    )
+    cast = QuantizeOptions(rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
+                           _seed(seed, stochastic_rounding, x.device, sr_per_rank))
+    q = steps_for(target, x.device).group_quantize(x, group_sizes, cast)
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2 + (torch.int64,)
     return tuple(_or_empty(t, x, d) for t, d in zip(q.as_tuple()[:7], dtypes))
 
@@ -175,7 +167,13 @@ def _(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding, 
 def group_hadamard_amax_op(x: Tensor, group_sizes: Tensor, sign_mask: int,
                            target: Optional[str] = None) -> tuple[Tensor, Tensor]:
     """Per-group (pre-RHT amax, post-RHT amax), one pass over x."""
-    return steps_for(target, x.device).group_hadamard_amax(x, group_sizes, sign_mask)
+    return steps_for(target, x.device).group_hadamard_amax(x, group_sizes, _hadamard_cast(sign_mask))
+
+
+def _hadamard_cast(sign_mask: int) -> QuantizeOptions:
+    """The casts an amax step's (pre-RHT, post-RHT) amaxes feed, as the steps take them:
+    both copies, the column-wise one transformed with `sign_mask`'s Hadamard."""
+    return QuantizeOptions(rowwise=True, columnwise=True, rht=True, sign_mask=sign_mask)
 
 
 @group_hadamard_amax_op.register_fake
@@ -235,7 +233,8 @@ def grouped_gemm_op(
     group_sizes: Tensor, target: Optional[str] = None,
 ) -> Tensor:
     """fprop/dgrad: (T, N) bf16 = per group alpha_g * deq(a) . deq(b_g)^T."""
-    return steps_for(target, a_data.device).grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes)
+    a, b = Operand(a_data, a_scale, a_amax), Operand(b_data, b_scale, b_amax)
+    return steps_for(target, a_data.device).grouped_gemm(a, b, group_sizes)
 
 
 @grouped_gemm_op.register_fake
@@ -250,7 +249,7 @@ def grouped_gemm_wgrad_op(
 ) -> Tensor:
     """wgrad: (G, N, M) bf16 from two column-wise grouped copies (contraction over tokens)."""
     return steps_for(target, a_data.device).grouped_gemm_wgrad(
-        a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets
+        Operand(a_data, a_scale, a_amax), Operand(b_data, b_scale, b_amax), padded_offsets
     )
 
 
@@ -333,8 +332,8 @@ def fc1_act_amax_op(
     """fc1 GEMM + activation * p (``Steps.fc1_act_amax``): (C, D, D's pre-RHT amax, D's
     post-RHT amax with `sign_mask`); the amaxes empty unless `want_amax`."""
     c, d, pre_rht, post_rht = _fused_step(target, a_data.device, "fc1_act_amax")(
-        a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation, tanh_clamp_scale,
-        sign_mask, want_amax=want_amax)
+        Operand(a_data, a_scale, a_amax), Operand(b_data, b_scale, b_amax), group_sizes, probs, activation,
+        tanh_clamp_scale, _hadamard_cast(sign_mask), want_amax=want_amax)
     return c, d, _or_empty(pre_rht, c, torch.float32), _or_empty(post_rht, c, torch.float32)
 
 
@@ -356,7 +355,8 @@ def fc2_dgrad_act_op(
     """fc2 dgrad + activation backward (``Steps.fc2_dgrad_act``): (dC, dprobs (empty without
     probs)). D is not regenerated: the eager chain keeps D's column-wise copy."""
     dc, dp, _ = _fused_step(target, a_data.device, "fc2_dgrad_act")(
-        a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation, tanh_clamp_scale)
+        Operand(a_data, a_scale, a_amax), Operand(b_data, b_scale, b_amax), group_sizes, c, probs, activation,
+        tanh_clamp_scale)
     return dc, _or_empty(dp, c, compute_dtype(c))
 
 
@@ -391,23 +391,26 @@ class EagerSteps:
     def __init__(self, target: Optional[str], sr_per_rank: bool = True):
         self.target, self.sr_per_rank = target, sr_per_rank
 
-    def group_quantize(self, x, group_sizes, *, rowwise, columnwise, rht=False, sign_mask=0,
-                       stochastic_rounding=False, rowwise_amax=None, columnwise_amax=None, seed=None):
-        out = group_quantize_op(x, group_sizes, rowwise, columnwise, rht, sign_mask, stochastic_rounding,
-                                rowwise_amax, columnwise_amax, self.target, self.sr_per_rank, seed)
-        return NVFP4GroupedTensor(*_present(out[:6], rowwise, columnwise), out[6], group_sizes)
+    # The steps' values flattened into the ops' schemas (the op bodies rebuild them)
+    def group_quantize(self, x, group_sizes, cast: QuantizeOptions):
+        if cast.rowwise_deq:
+            raise ValueError("nvfp4::group_quantize returns packed copies only (EagerSteps.deq_operands is False)")
+        out = group_quantize_op(x, group_sizes, cast.rowwise, cast.columnwise, cast.rht, cast.sign_mask,
+                                cast.stochastic_rounding, cast.rowwise_amax, cast.columnwise_amax, self.target,
+                                self.sr_per_rank, cast.seed)
+        return NVFP4GroupedTensor(*_present(out[:6], cast.rowwise, cast.columnwise), out[6], group_sizes)
 
-    def group_hadamard_amax(self, x, group_sizes, sign_mask):
-        return group_hadamard_amax_op(x, group_sizes, sign_mask, self.target)
+    def group_hadamard_amax(self, x, group_sizes, cast: QuantizeOptions):
+        return group_hadamard_amax_op(x, group_sizes, cast.sign_mask, self.target)
 
     def quantize_weights(self, w, *, block_2d):
         return NVFP4WeightStack(*quantize_weights_op(w, block_2d, self.target))
 
-    def grouped_gemm(self, *operands):
-        return grouped_gemm_op(*operands, self.target)
+    def grouped_gemm(self, a: Operand, b: Operand, group_sizes):
+        return grouped_gemm_op(*a, *b, group_sizes, self.target)
 
-    def grouped_gemm_wgrad(self, *operands):
-        return grouped_gemm_wgrad_op(*operands, self.target)
+    def grouped_gemm_wgrad(self, a: Operand, b: Operand, padded_offsets):
+        return grouped_gemm_wgrad_op(*a, *b, padded_offsets, self.target)
 
     def activation_forward(self, c, probs, activation, tanh_clamp_scale):
         return activation_op(c, probs, activation, tanh_clamp_scale, self.target)
@@ -416,12 +419,15 @@ class EagerSteps:
         dc, dp, d = activation_backward_op(g, c, probs, activation, tanh_clamp_scale, regenerate, self.target)
         return dc, dp if probs is not None else None, d if regenerate else None
 
-    def fc1_act_amax(self, *operands, want_amax=True):
-        c, d, pre_rht, post_rht = fc1_act_amax_op(*operands, want_amax, self.target)
+    def fc1_act_amax(self, a: Operand, b: Operand, group_sizes, probs, activation, tanh_clamp_scale,
+                     d_cast: QuantizeOptions, *, want_amax=True):
+        c, d, pre_rht, post_rht = fc1_act_amax_op(*a, *b, group_sizes, probs, activation, tanh_clamp_scale,
+                                                  d_cast.sign_mask, want_amax, self.target)
         return (c, d, pre_rht, post_rht) if want_amax else (c, d, None, None)
 
-    def fc2_dgrad_act(self, *operands, regenerate=False):
+    def fc2_dgrad_act(self, a: Operand, b: Operand, group_sizes, c, probs, activation, tanh_clamp_scale, *,
+                      regenerate=False):
         if regenerate:
             raise ValueError("nvfp4::fc2_dgrad_act does not regenerate D (the eager chain saves its column-wise copy)")
-        dc, dp = fc2_dgrad_act_op(*operands, self.target)
-        return dc, dp if operands[8] is not None else None, None
+        dc, dp = fc2_dgrad_act_op(*a, *b, group_sizes, c, probs, activation, tanh_clamp_scale, self.target)
+        return dc, dp if probs is not None else None, None

@@ -36,10 +36,10 @@ from torch import Tensor
 from . import distributed
 from .lowerings import Plan
 from .numerics import copy_amaxes
-from .recipe import Recipe
+from .recipe import QuantizeOptions, Recipe
 from .saved import SavedForBackward
 from .sizes import size_hint
-from .tensor import NVFP4GroupedTensor, NVFP4WeightStack
+from .tensor import NVFP4GroupedTensor, NVFP4WeightStack, Operand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,21 +109,16 @@ def _deq(s: Runner) -> dict:
     return dict(rowwise_deq=True) if s.deq_operands else {}
 
 
-def _rht(opts: SiteOptions) -> dict:
-    """The casts' Hadamard keywords (column-wise copies of tokens only; numerics.md 3)."""
-    return dict(rht=opts.recipe.rht, sign_mask=opts.recipe.sign_mask)
-
-
 def _fc1(s: Runner, opts: SiteOptions, xq, w1q, group_sizes, probs):
     """(C, D, (pre-RHT, post-RHT) amax of D or None): the target's fused kernel where the
     plan says so (the amaxes then come from its epilogue when ``fused_amax``), else the
     GEMM and the activation."""
     act = (opts.activation, opts.tanh_clamp_scale)
-    gemm = (*xq.rowwise(), *w1q.rowwise(), group_sizes)
+    gemm = (xq.rowwise(), w1q.rowwise(), group_sizes)
     if opts.plan.fused_fc1:
         fused_amax = opts.plan.fused_amax
         c, d, pre_rht, post_rht = s.fc1_act_amax("fc1 GEMM + activation * p -> C (saved), D", *gemm, probs, *act,
-                                                 opts.recipe.sign_mask, want_amax=fused_amax)
+                                                 opts.recipe.token_cast(), want_amax=fused_amax)
         return c, d, (pre_rht, post_rht) if fused_amax else None
     c = s.grouped_gemm("fc1 GEMM -> C (saved)", *gemm)
     return c, s.activation_forward("activation(C) * p -> D", c, probs, *act), None
@@ -137,8 +132,8 @@ def forward(s: Runner, opts: SiteOptions, x: Tensor, w1: Tensor, w2: Tensor, gro
     Memory: W2 is quantized just before fc2 and the row-wise copies of x and W1 are
     dropped after fc1, their last consumer (no quantization of the forward draws random
     bits, so the order changes no result)."""
-    deq = _deq(s)
-    xq = s.group_quantize("quantize x", x, group_sizes, rowwise=True, columnwise=save, **_rht(opts), **deq)
+    deq, cast = _deq(s), opts.recipe.token_cast
+    xq = s.group_quantize("quantize x", x, group_sizes, cast(rowwise=True, columnwise=save, **deq))
     w1q = s.quantize_weights("quantize W1", w1, "fc1", **deq)
     c, d, amax = _fc1(s, opts, xq, w1q, group_sizes, probs)
     kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
@@ -147,21 +142,20 @@ def forward(s: Runner, opts: SiteOptions, x: Tensor, w1: Tensor, w2: Tensor, gro
     del xq, w1q
     if save and opts.recompute:
         pre_post = amax if amax is not None else s.group_hadamard_amax(
-            "amax pass over D (pre + post RHT)", d, group_sizes, opts.recipe.sign_mask)
+            "amax pass over D (pre + post RHT)", d, group_sizes, cast())
         row_amax, col_amax = copy_amaxes(*pre_post, opts.recipe.rht)
-        dq = s.group_quantize("quantize D", d, group_sizes, rowwise=True, columnwise=False, rowwise_amax=row_amax,
-                              **deq)
+        dq = s.group_quantize("quantize D", d, group_sizes, cast(rowwise=True, columnwise=False,
+                                                                 rowwise_amax=row_amax, **deq))
         kept.update(d_col_amax=col_amax, d_col_data=d.new_empty(0, dtype=torch.uint8),
                     d_col_scale=d.new_empty(0, dtype=torch.float8_e4m3fn))
     else:  # the epilogue's amaxes are the ones group_quantize would compute (without RHT: pre)
         row_amax, col_amax = copy_amaxes(*amax, opts.recipe.rht) if amax is not None else (None, None)
-        rht = _rht(opts) if save else {}
-        dq = s.group_quantize("quantize D", d, group_sizes, rowwise=True, columnwise=save, **rht,
-                              rowwise_amax=row_amax, columnwise_amax=col_amax if save else None, **deq)
+        dq = s.group_quantize("quantize D", d, group_sizes, cast(rowwise=True, columnwise=save, rowwise_amax=row_amax,
+                                                                 columnwise_amax=col_amax if save else None, **deq))
         kept.update(d_col_amax=dq.columnwise_amax, d_col_data=dq.columnwise_data, d_col_scale=dq.columnwise_scale)
     del d
     w2q = s.quantize_weights("quantize W2", w2, "fc2", **deq)
-    y = s.grouped_gemm("fc2 GEMM -> Y", *dq.rowwise(), *w2q.rowwise(), group_sizes)
+    y = s.grouped_gemm("fc2 GEMM -> Y", dq.rowwise(), w2q.rowwise(), group_sizes)
     if not save:
         return y, None
     return y, SavedForBackward(c=c, w2_col_data=w2q.columnwise_data, w2_col_scale=w2q.columnwise_scale,
@@ -181,12 +175,12 @@ def backward_fc2(s: Runner, opts: SiteOptions, dy: Tensor, saved: SavedForBackwa
     dy_seed, dc_seed = s.draw_sr_seeds(dy, 2) if sr else (None, None)
 
     def quantize_grad(step, t, seed, **deq):
-        return s.group_quantize(step, t, group_sizes, rowwise=True, columnwise=True, **_rht(opts),
-                                stochastic_rounding=sr, seed=seed, **deq)
+        return s.group_quantize(step, t, group_sizes, recipe.token_cast(rowwise=True, columnwise=True,
+                                                                        stochastic_rounding=sr, seed=seed, **deq))
 
     # dY's row-wise copy feeds fc2's dgrad right after its cast: deq() values where the target takes them
     dyq = quantize_grad("quantize dY", dy.contiguous(), dy_seed, **_deq(s))
-    dgrad = (*dyq.rowwise(), saved.w2_col_data, saved.w2_col_scale, saved.w2_amax, group_sizes)
+    dgrad = (dyq.rowwise(), saved.w2_col(), group_sizes)
     regenerate = opts.recompute and not s.d_after_dgrad
     if opts.plan.fused_dgrad:  # G stays in the GEMM's epilogue
         dc, dp, d = s.fc2_dgrad_act("fc2 dgrad + activation backward -> dC, dp", *dgrad, saved.c, probs, *act,
@@ -197,23 +191,23 @@ def backward_fc2(s: Runner, opts: SiteOptions, dy: Tensor, saved: SavedForBackwa
                                           regenerate=regenerate)
         del g
     del dgrad
-    d_col = (saved.d_col_data, saved.d_col_scale, saved.d_col_amax)
+    d_col = saved.d_col()
     if opts.recompute:  # D rebuilt from C; cast column-wise with the forward's amax: no amax pass here
-        cast = dict(rowwise=False, columnwise=True, **_rht(opts), columnwise_amax=saved.d_col_amax)
+        cast = recipe.token_cast(rowwise=False, columnwise=True, columnwise_amax=saved.d_col_amax)
         if regenerate:
-            dq = s.group_quantize("quantize D", d, group_sizes, **cast)
+            dq = s.group_quantize("quantize D", d, group_sizes, cast)
         elif s.makes_d_in_cast:  # D made inside its cast where the target can
             dq = s.activation_quantize("activation(C) * p -> D inside the cast (never stored)", saved.c, probs, *act, group_sizes,
-                                       **cast)
+                                       cast)
         else:  # after the dgrad, so D and its operand copies are never alive together
             d = s.activation_forward("activation(C) * p -> D, rebuilt after the dgrad", saved.c, probs, *act)
-            dq = s.group_quantize("quantize D", d, group_sizes, **cast)
-        d_col = (dq.columnwise_data, dq.columnwise_scale, saved.d_col_amax)
+            dq = s.group_quantize("quantize D", d, group_sizes, cast)
+        d_col = Operand(dq.columnwise_data, dq.columnwise_scale, saved.d_col_amax)
         del dq
     del d
     dcq = quantize_grad("quantize dC", dc, dc_seed)
     del dc
-    dw2 = s.grouped_gemm_wgrad("fc2 wgrad -> dW2", *dyq.columnwise(), *d_col, saved.offsets)
+    dw2 = s.grouped_gemm_wgrad("fc2 wgrad -> dW2", dyq.columnwise(), d_col, saved.offsets)
     return dw2, dp, dcq
 
 
@@ -223,12 +217,10 @@ def backward_fc1(s: Runner, dcq: NVFP4GroupedTensor, saved: SavedForBackward, gr
 
     def wgrad():
         return s.grouped_gemm_wgrad("fc1 wgrad -> dW1 (fc1's two GEMMs in the order fc1_wgrad_last picks)",
-                                    *dcq.columnwise(), saved.x_col_data, saved.x_col_scale, saved.x_col_amax,
-                                    saved.offsets)
+                                    dcq.columnwise(), saved.x_col(), saved.offsets)
 
     def dgrad():
-        return s.grouped_gemm("fc1 dgrad -> dX", *dcq.rowwise(), saved.w1_col_data, saved.w1_col_scale,
-                              saved.w1_amax, group_sizes)
+        return s.grouped_gemm("fc1 dgrad -> dX", dcq.rowwise(), saved.w1_col(), group_sizes)
 
     if s.fc1_wgrad_last(dcq, saved):
         dx = dgrad()
@@ -282,7 +274,7 @@ class _Recorder(Runner):
         self.calls.append((text, self.steps.runs(field)))
 
     def call(self, step, field, *args, **kwargs):
-        self.record(step + _details(field, kwargs), field)
+        self.record(step + _details(field, args, kwargs), field)
         if field in ("group_quantize", "activation_quantize"):
             return NVFP4GroupedTensor(*[_STUB] * 8)
         if field == "quantize_weights":
@@ -316,25 +308,24 @@ class _Stub:
 _STUB = _Stub()
 
 
-def _details(field: str, kwargs: dict) -> str:
+def _details(field: str, args: tuple, kwargs: dict) -> str:
     """What a step call's arguments say, in words: the copies a cast makes and how."""
     if field == "fc1_act_amax":
         return " + D's pre/post-RHT amax, one kernel" if kwargs["want_amax"] else ", one kernel"
     if field in ("fc2_dgrad_act", "activation_backward"):
         return (", one kernel" if field == "fc2_dgrad_act" else "") + (", D regenerated" if kwargs["regenerate"] else "")
     if field == "quantize_weights":
-        copies = ": row + col"
-    elif field in ("group_quantize", "activation_quantize"):
-        copies = ": " + " + ".join(
-            [name for name, key in (("row", "rowwise"), ("col RHT" if kwargs.get("rht") else "col", "columnwise"))
-             if kwargs[key]])
-        if kwargs.get("stochastic_rounding"):
-            copies += ", SR"
-        if any(kwargs.get(key) is not None for key in ("rowwise_amax", "columnwise_amax")):
-            copies += ", given amax"
-    else:
+        return ": row + col" + (" (row as deq() values)" if kwargs.get("rowwise_deq") else "")
+    if field not in ("group_quantize", "activation_quantize"):
         return ""
-    return copies + (" (row as deq() values)" if kwargs.get("rowwise_deq") else "")
+    cast: QuantizeOptions = args[-1]
+    copies = ": " + " + ".join(name for name, made in (("row", cast.rowwise),
+                                                       ("col RHT" if cast.rht else "col", cast.columnwise)) if made)
+    if cast.stochastic_rounding:
+        copies += ", SR"
+    if cast.rowwise_amax is not None or cast.columnwise_amax is not None:
+        copies += ", given amax"
+    return copies + (" (row as deq() values)" if cast.rowwise_deq else "")
 
 
 def recorded_steps(steps, opts: SiteOptions) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -9,6 +9,7 @@ import torch
 from . import ops  # noqa: F401  (registers torch.ops.nvfp4)
 from .constants import RHT_DEFAULT_SIGN_MASK
 from .distributed import check_quantize_operand
+from .recipe import QuantizeOptions
 from .tensor import NVFP4GroupedTensor, NVFP4Tensor
 from .validate import check_amax_arg, check_group_sizes_meta, check_quantize_args, check_same_device
 
@@ -39,10 +40,9 @@ def quantize(
     the generator of x's device. rowwise_amax / columnwise_amax: fp32 scalars to use instead of
     computing the amaxes (the column-wise one is post-RHT when `rht`). sr_per_rank: fold
     the torch.distributed rank into the stochastic-rounding seed (``Recipe.sr_per_rank``).
+    sign_mask: the RHT's 16 signs (``Recipe.sign_mask``).
     """
-    check_quantize_args(
-        x, rowwise=rowwise, columnwise=columnwise, rht=rht, sign_mask=sign_mask, block_2d=block_2d, grouped=False
-    )
+    check_quantize_args(x, QuantizeOptions(rowwise, columnwise, rht, sign_mask), block_2d=block_2d, grouped=False)
     check_amax_arg("rowwise_amax", rowwise_amax, 1)
     check_amax_arg("columnwise_amax", columnwise_amax, 1)
     check_same_device(x, rowwise_amax=rowwise_amax, columnwise_amax=columnwise_amax)
@@ -72,9 +72,7 @@ def group_quantize(
     tensor on x's device), each group with its own amaxes (numerics.md 4). Options as
     ``quantize``; amaxes, if supplied, are fp32 (G,). Group sizes may be anything >= 0
     summing to T (rows past a group's end count as zeros in its column-wise copy)."""
-    check_quantize_args(
-        x, rowwise=rowwise, columnwise=columnwise, rht=rht, sign_mask=sign_mask, block_2d=block_2d, grouped=True
-    )
+    check_quantize_args(x, QuantizeOptions(rowwise, columnwise, rht, sign_mask), block_2d=block_2d, grouped=True)
     check_group_sizes_meta(group_sizes)
     check_amax_arg("rowwise_amax", rowwise_amax, group_sizes.shape[0])
     check_amax_arg("columnwise_amax", columnwise_amax, group_sizes.shape[0])

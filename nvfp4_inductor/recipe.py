@@ -10,6 +10,9 @@ depends on its rank unless ``sr_per_rank=False``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional, Union
+
+import torch
 
 from .constants import RHT_DEFAULT_SIGN_MASK
 
@@ -51,3 +54,45 @@ class Recipe:
                 raise ValueError(f"Recipe.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.sign_mask, int) or not 0 <= self.sign_mask <= 0xFFFF:
             raise ValueError(f"Recipe.sign_mask must be an int in [0, 0xFFFF], got {self.sign_mask!r}")
+
+    def token_cast(self, **options) -> QuantizeOptions:
+        """A cast of tokens (x, D, dY, dC) under this recipe: its Hadamard transform on the
+        column-wise copy (numerics.md 3; weights are never transformed), plus `options`
+        (``QuantizeOptions``' other fields)."""
+        return QuantizeOptions(rht=self.rht, sign_mask=self.sign_mask, **options)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizeOptions:
+    """One cast of a (T, K) tensor of tokens, as one value: what the quantize steps take
+    (``Steps.group_quantize``, ``activation_quantize``) and what the amax steps read the
+    Hadamard of (``group_hadamard_amax``, ``fc1_act_amax``: the casts their amaxes feed). The
+    program makes it (``Recipe.token_cast``); the ``nvfp4::`` ops flatten it into their schemas
+    and rebuild it; the quantizers that compute with it take its fields as keywords
+    (``keywords()``).
+
+    rowwise / columnwise: which copies to make. rht / sign_mask: the random Hadamard
+    transform of the column-wise copy and its 16 signs (bit i set: sign i is -1).
+    stochastic_rounding / seed: round stochastically with that Philox seed (required with
+    it). rowwise_amax / columnwise_amax: amaxes to use instead of computing them (fp32 (G,);
+    the column-wise one post-RHT with `rht`). rowwise_deq: the row-wise copy as its deq()
+    values (``Steps.deq_operands``).
+    """
+
+    rowwise: bool = True
+    columnwise: bool = False
+    rht: bool = False
+    sign_mask: int = RHT_DEFAULT_SIGN_MASK
+    stochastic_rounding: bool = False
+    rowwise_amax: Optional[torch.Tensor] = None
+    columnwise_amax: Optional[torch.Tensor] = None
+    seed: Optional[Union[int, torch.Tensor]] = None
+    rowwise_deq: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.sign_mask, int) or not 0 <= self.sign_mask <= 0xFFFF:
+            raise ValueError(f"sign_mask must be a 16-bit int; got {self.sign_mask!r}")
+
+    def keywords(self) -> dict:
+        """The fields as the quantizers' keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

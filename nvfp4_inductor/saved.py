@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from .tensor import Operand
+
 
 class SavedForBackward(NamedTuple):
     c: Tensor  # (T, F1) bf16: fc1's output, the pre-activation (D is regenerated from it)
@@ -29,6 +31,19 @@ class SavedForBackward(NamedTuple):
     d_col_amax: Tensor  # (G,) fp32: D's column-wise amax (post-RHT with RHT), for fc2's wgrad
     d_col_data: Tensor  # (F, P/2) uint8: D's column-wise copy; empty (0,) with recompute
     d_col_scale: Tensor  # (F, P/16) e4m3; empty (0,) with recompute
+
+    # The saved copies as the backward's GEMM operands
+    def x_col(self) -> Operand:
+        return Operand(self.x_col_data, self.x_col_scale, self.x_col_amax)
+
+    def w1_col(self) -> Operand:
+        return Operand(self.w1_col_data, self.w1_col_scale, self.w1_amax)
+
+    def w2_col(self) -> Operand:
+        return Operand(self.w2_col_data, self.w2_col_scale, self.w2_amax)
+
+    def d_col(self) -> Operand:
+        return Operand(self.d_col_data, self.d_col_scale, self.d_col_amax)
 
     def flatten(self) -> list[Tensor]:
         return list(self)

@@ -2,18 +2,30 @@
 
 Plain dataclasses of torch tensors (not tensor subclasses): they cross the
 ``nvfp4::*`` op boundary as tuples (``as_tuple``); ops return an empty tensor for a
-missing copy and ``quantize.py`` turns those back into None.
+missing copy and ``quantize.py`` turns those back into None. A GEMM takes one copy of
+each of its two operands: an ``Operand`` (``rowwise()`` / ``columnwise()``), flattened to
+its three tensors only in an op's schema (``ops.py``, the kernels' ``kernel_op`` ops).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from .constants import BLOCK
 from .formats import dequantize_blocks
+
+
+class Operand(NamedTuple):
+    """One copy of a quantized tensor, as a GEMM reads it: data (packed E2M1 codes, or
+    their deq() values in bf16 with an empty scale: ``formats.operand_values``), its
+    per-block decode scales, and its amax (one per group or expert)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    amax: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -80,13 +92,13 @@ class NVFP4GroupedTensor:
     columnwise_offsets: torch.Tensor
     group_sizes: torch.Tensor
 
-    def rowwise(self) -> tuple:
-        """(data, scale, amax) of the row-wise copy: a GEMM step's operand."""
-        return self.rowwise_data, self.rowwise_scale, self.rowwise_amax
+    def rowwise(self) -> Operand:
+        """The the row-wise copy: a GEMM step's operand."""
+        return Operand(self.rowwise_data, self.rowwise_scale, self.rowwise_amax)
 
-    def columnwise(self) -> tuple:
-        """(data, scale, amax) of the column-wise copy: a wgrad step's operand."""
-        return self.columnwise_data, self.columnwise_scale, self.columnwise_amax
+    def columnwise(self) -> Operand:
+        """The the column-wise copy: a wgrad step's operand."""
+        return Operand(self.columnwise_data, self.columnwise_scale, self.columnwise_amax)
 
     def columnwise_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per group, (data (K, m_g'/2), scale (K, m_g'/16)). Reads offsets on the host."""
@@ -145,13 +157,13 @@ class NVFP4WeightStack:
     columnwise_scale: torch.Tensor
     amax: torch.Tensor
 
-    def rowwise(self) -> tuple:
-        """(data, scale, amax) of the row-wise copy: fprop's weight operand."""
-        return self.rowwise_data, self.rowwise_scale, self.amax
+    def rowwise(self) -> Operand:
+        """The the row-wise copy: fprop's weight operand."""
+        return Operand(self.rowwise_data, self.rowwise_scale, self.amax)
 
-    def columnwise(self) -> tuple:
-        """(data, scale, amax) of the column-wise copy: dgrad's weight operand."""
-        return self.columnwise_data, self.columnwise_scale, self.amax
+    def columnwise(self) -> Operand:
+        """The the column-wise copy: dgrad's weight operand."""
+        return Operand(self.columnwise_data, self.columnwise_scale, self.amax)
 
     def dequantize(self, columnwise: bool = False) -> torch.Tensor:
         """fp32 (G, N, K) from the row-wise copy, or (G, K, N) from the column-wise copy."""

@@ -14,6 +14,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .activations import activation_names, get_activation
 from .constants import BLOCK
+from .recipe import QuantizeOptions
 
 
 def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
@@ -32,17 +33,10 @@ def check_multiple_of_16(name: str, size: int) -> None:
         raise ValueError(f"{name} must be a multiple of {BLOCK} (NVFP4 blocks of {BLOCK}); got {size}")
 
 
-def check_quantize_args(
-    x: torch.Tensor,
-    *,
-    rowwise: bool,
-    columnwise: bool,
-    rht: bool,
-    sign_mask: int,
-    block_2d: bool,
-    grouped: bool,
-) -> None:
-    """The rules of numerics.md sections 1-4 for one quantize call."""
+def check_quantize_args(x: torch.Tensor, cast: QuantizeOptions, *, block_2d: bool, grouped: bool) -> None:
+    """The rules of numerics.md sections 1-4 for one quantize call (`cast` checks its sign
+    mask itself)."""
+    rowwise, columnwise, rht = cast.rowwise, cast.columnwise, cast.rht
     check_dtype("x", x, (torch.bfloat16, torch.float16, torch.float32))
     check_ndim("x", x, 2, "(M, K)" if not grouped else "(T, K)")
     if not (rowwise or columnwise):
@@ -56,8 +50,6 @@ def check_quantize_args(
         check_multiple_of_16("x.shape[0] (M) with block_2d", x.shape[0])
     if rht and columnwise and x.dtype != torch.bfloat16:
         raise ValueError(f"rht needs a bfloat16 x (numerics.md 3); got {str(x.dtype).replace('torch.', '')}")
-    if not isinstance(sign_mask, int) or not 0 <= sign_mask <= 0xFFFF:
-        raise ValueError(f"sign_mask must be a 16-bit int; got {sign_mask!r}")
 
 
 def check_amax_arg(name: str, amax: Optional[torch.Tensor], numel: int) -> None:

@@ -167,8 +167,8 @@ def test_backward_casts_regenerated_fc2_input_with_saved_amax(use_steps):
     use_steps(dataclasses.replace(
         STEPS,
         group_hadamard_amax=lambda *a, **k: calls.append("amax") or STEPS.group_hadamard_amax(*a, **k),
-        group_quantize=lambda *a, **k: calls.append(("quantize", k.get("columnwise_amax") is not None,
-                                                     k.get("rowwise"))) or STEPS.group_quantize(*a, **k),
+        group_quantize=lambda x, sizes, cast: calls.append(("quantize", cast.columnwise_amax is not None,
+                                                            cast.rowwise)) or STEPS.group_quantize(x, sizes, cast),
     ))
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()
@@ -211,7 +211,7 @@ def test_compiled_step_draws_sr_seeds_as_device_tensors(use_steps):
 
     seeds = []
     use_steps(dataclasses.replace(
-        STEPS, group_quantize=lambda *a, **k: seeds.append(k.get("seed")) or STEPS.group_quantize(*a, **k)))
+        STEPS, group_quantize=lambda x, sizes, cast: seeds.append(cast.seed) or STEPS.group_quantize(x, sizes, cast)))
     mlp, args = _grouped_mlp_model("srelu", probs=True)
     x = args[0].requires_grad_()
     y = torch.compile(mlp, backend=nv.backend(compiler="aot_eager"))(x, *args[1:])

@@ -23,6 +23,7 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings, numerics
 from nvfp4_inductor.lowerings import cudnn as cd
 from nvfp4_inductor.lowerings.reference import STEPS as R
+from nvfp4_inductor.recipe import QuantizeOptions
 from nvfp4_inductor.testing import cudnn_sim, simulated_target
 from test_cudnn_target import ARGS_1_32
 
@@ -52,11 +53,11 @@ def _operands(sizes=(10, 0, 30, 300), h=64, n=128, seed=0):
     tokens = int(sizes.sum())
     xq = numerics.group_quantize_torch(torch.randn(tokens, h, dtype=torch.bfloat16), sizes)
     wq = numerics.quantize_weights_torch(torch.randn(len(sizes), n, h, dtype=torch.bfloat16))
-    return (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax,
-            sizes), torch.rand(tokens)
+    return (xq.rowwise(), wq.rowwise(), sizes), torch.rand(tokens)
 
 
 STEPS = cd.make_steps(cudnn_sim, R)
+UNSIGNED = QuantizeOptions(rowwise=True, columnwise=True, rht=True, sign_mask=0)  # D's casts, the unsigned Hadamard
 
 
 def test_plain_gemm_is_the_references():
@@ -70,8 +71,7 @@ def _wgrad_operands(sizes, m=64, n=160):
     tokens = int(sizes.sum())
     a = numerics.group_quantize_torch(torch.randn(tokens, m, dtype=torch.bfloat16), sizes, columnwise=True)
     b = numerics.group_quantize_torch(torch.randn(tokens, n, dtype=torch.bfloat16), sizes, columnwise=True)
-    return (a.columnwise_data, a.columnwise_scale, a.columnwise_amax, b.columnwise_data, b.columnwise_scale,
-            b.columnwise_amax, a.columnwise_offsets)
+    return a.columnwise(), b.columnwise(), a.columnwise_offsets
 
 
 @pytest.mark.parametrize("sizes", [(10, 0, 30, 300), (0, 0, 5), (256, 1, 17), (0, 64, 0)],
@@ -98,7 +98,7 @@ def test_wgrad_simulator_refuses_scales_that_do_not_tile():
                                                          ("swiglu", None, True)])
 def test_fused_fc1_against_the_unfused_steps(activation, clamp, want_amax):
     args, p = _operands()
-    c, d, pre, post = STEPS.fc1_act_amax(*args, p, activation, clamp, 0, want_amax=want_amax)
+    c, d, pre, post = STEPS.fc1_act_amax(*args, p, activation, clamp, UNSIGNED, want_amax=want_amax)
     c_ref = R.grouped_gemm(*args)
     d_ref = R.activation_forward(c_ref, p, activation, clamp)
     assert torch.equal(c, c_ref)  # C: the same bf16(alpha * acc)
@@ -109,7 +109,7 @@ def test_fused_fc1_against_the_unfused_steps(activation, clamp, want_amax):
     torch.testing.assert_close(d.float(), d_ref.float(), rtol=2 ** -6, atol=atol)
     assert not torch.equal(d, d_ref)
     if want_amax:
-        pre_ref, post_ref = R.group_hadamard_amax(d_ref, args[6], 0)
+        pre_ref, post_ref = R.group_hadamard_amax(d_ref, args[2], UNSIGNED)
         torch.testing.assert_close(pre, pre_ref, rtol=2 ** -6, atol=0)
         torch.testing.assert_close(post, post_ref, rtol=2 ** -6, atol=0)
     else:
@@ -119,7 +119,7 @@ def test_fused_fc1_against_the_unfused_steps(activation, clamp, want_amax):
 @pytest.mark.parametrize("activation,clamp", [("srelu", None), ("tanh_srelu", 3.0), ("swiglu", None)])
 def test_fused_dgrad_against_the_unfused_steps(activation, clamp):
     args, p = _operands(n=128)
-    c = torch.randn(args[0].shape[0], 256 if activation == "swiglu" else 128, dtype=torch.bfloat16)
+    c = torch.randn(args[0].data.shape[0], 256 if activation == "swiglu" else 128, dtype=torch.bfloat16)
     dc, dp, d = STEPS.fc2_dgrad_act(*args, c, p, activation, clamp, regenerate=True)
     g = R.grouped_gemm(*args)
     # the dsrelu kernel reads the fp32 alpha * acc, our G is its bf16 rounding: dC within
@@ -250,12 +250,12 @@ def test_argument_sets_bind_to_the_wrappers_signatures():
     steps = cd.make_steps(fe, R)
     args, p = _operands()
     steps.grouped_gemm(*args)
-    steps.fc1_act_amax(*args, p, "srelu", None, 0, want_amax=True)
-    steps.fc1_act_amax(*args, p, "tanh_srelu", 3.0, 0xD7E8, want_amax=False)
-    c = torch.randn(args[0].shape[0], 128, dtype=torch.bfloat16)
+    steps.fc1_act_amax(*args, p, "srelu", None, UNSIGNED, want_amax=True)
+    steps.fc1_act_amax(*args, p, "tanh_srelu", 3.0, UNSIGNED, want_amax=False)
+    c = torch.randn(args[0].data.shape[0], 128, dtype=torch.bfloat16)
     dargs, _ = _operands(n=128)
     steps.fc2_dgrad_act(*dargs, c, p, "tanh_srelu", 3.0, regenerate=True)
-    steps.fc1_act_amax(*_operands(n=256)[0], p, "swiglu", None, 0xD7E8, want_amax=False)
+    steps.fc1_act_amax(*_operands(n=256)[0], p, "swiglu", None, UNSIGNED, want_amax=False)
     steps.fc2_dgrad_act(*dargs, torch.randn(c.shape[0], 256, dtype=torch.bfloat16), p, "swiglu", None)
     steps.grouped_gemm_wgrad(*_wgrad_operands((10, 0, 30)))
     assert {name for name, _ in fe.calls} == set(SIMULATED)

@@ -82,7 +82,7 @@ FE_MASK = signatures(add={cd.FC1_HADAMARD: ("rht_sign_mask", "tanh_clamp_scale")
 def test_capabilities_of_1_32_from_its_signatures():
     caps = cd.capabilities_from_signatures(FE_1_32)
     assert caps.fused_activations == {"srelu", "tanh_srelu", "swiglu"}
-    assert caps.fused_amax and not caps.fused_amax_takes_sign_mask
+    assert caps.fused_amax and not caps.fused_amax_signed_hadamard
     assert caps.fused_amax_activations == {"srelu", "swiglu"}  # the Hadamard wrapper has no clamp
     assert caps.alignment == 64 and caps.dtypes == {torch.bfloat16}
     assert cd.capabilities_from_signatures(FE_NO_CLAMP).fused_activations == {"srelu", "swiglu"}
@@ -90,7 +90,7 @@ def test_capabilities_of_1_32_from_its_signatures():
     half = signatures(drop={(cd.DGRAD_SRELU, "tanh_clamp_scale")})
     assert "tanh_srelu" not in cd.capabilities_from_signatures(half).fused_activations
     future = cd.capabilities_from_signatures(FE_MASK)
-    assert future.fused_amax_takes_sign_mask and future.fused_amax_activations == {"srelu", "tanh_srelu", "swiglu"}
+    assert future.fused_amax_signed_hadamard and future.fused_amax_activations == {"srelu", "tanh_srelu", "swiglu"}
     assert cd.sign_mask_parameter(FE_MASK[cd.FC1_HADAMARD]) == "rht_sign_mask"
 
 

@@ -32,13 +32,9 @@ def test_fake_quant_layer_quantizes_what_the_chain_quantizes():
     aq = numerics.group_quantize_torch(a.detach(), sizes, rowwise=True, columnwise=True, rht=True)
     wq = numerics.quantize_weights_torch(w.detach())
     gq = numerics.group_quantize_torch(dout, sizes, rowwise=True, columnwise=True, rht=True)
-    out_ref = numerics.grouped_gemm_torch(aq.rowwise_data, aq.rowwise_scale, aq.rowwise_amax,
-                                          wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
-    da_ref = numerics.grouped_gemm_torch(gq.rowwise_data, gq.rowwise_scale, gq.rowwise_amax,
-                                         wq.columnwise_data, wq.columnwise_scale, wq.amax, sizes)
-    dw_ref = numerics.grouped_gemm_wgrad_torch(gq.columnwise_data, gq.columnwise_scale, gq.columnwise_amax,
-                                               aq.columnwise_data, aq.columnwise_scale, aq.columnwise_amax,
-                                               aq.columnwise_offsets)
+    out_ref = numerics.grouped_gemm_torch(aq.rowwise(), wq.rowwise(), sizes)
+    da_ref = numerics.grouped_gemm_torch(gq.rowwise(), wq.columnwise(), sizes)
+    dw_ref = numerics.grouped_gemm_wgrad_torch(gq.columnwise(), aq.columnwise(), aq.columnwise_offsets)
     for name, got, ref in (("forward", out, out_ref), ("dgrad", da, da_ref), ("wgrad", dw, dw_ref)):
         assert _rel(got, ref) < 1e-2, f"{name}: fake-quant off the reference by {_rel(got, ref):.3g}"
     assert torch.all(dw[1] == 0), "the empty group's weight gradient"

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from nvfp4_inductor import numerics
+from nvfp4_inductor.tensor import Operand
 
 from _assertions import assert_bytes_equal
 
@@ -102,8 +103,8 @@ def assert_k_order_visible(args):
         scale[..., 1], scale[..., 2] = scale[..., 2].clone(), scale[..., 1].clone()
         return data, scale.view(torch.float8_e4m3fn)
 
-    a, sa, aa, b, sb, ba, sizes = args
-    swapped = (*swap_blocks(a, sa), aa, *swap_blocks(b, sb), ba, sizes)
+    (a, sa, aa), (b, sb, ba), sizes = args
+    swapped = (Operand(*swap_blocks(a, sa), aa), Operand(*swap_blocks(b, sb), ba), sizes)
     assert (grouped_gemm_via_bf16(*swapped) != grouped_gemm_via_bf16(*args)).any(), "inputs do not show the K order"
 
 
@@ -125,7 +126,7 @@ def fc1_inputs(case: Case, activation: str, with_probs: bool, seed: str):
     probs = torch.rand(tokens, generator=gen) if with_probs else None
     x, w, sizes = x.to(DEVICE), w.to(DEVICE), sizes.to(DEVICE)
     xq, wq = numerics.group_quantize_torch(x, sizes), numerics.quantize_weights_torch(w)
-    args = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
+    args = (xq.rowwise(), wq.rowwise(), sizes)
     return args, None if probs is None else probs.to(DEVICE)
 
 
@@ -147,8 +148,7 @@ def dgrad_inputs(case: Case, activation: str, with_probs: bool, seed: str):
     probs = torch.rand(tokens, generator=gen) if with_probs else None
     dy, w2, sizes = dy.to(DEVICE), w2.to(DEVICE), sizes.to(DEVICE)
     dyq, w2q = numerics.group_quantize_torch(dy, sizes), numerics.quantize_weights_torch(w2)
-    args = (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax,
-            w2q.columnwise_data, w2q.columnwise_scale, w2q.amax, sizes)
+    args = (dyq.rowwise(), w2q.columnwise(), sizes)
     return args, c.to(torch.bfloat16).to(DEVICE), None if probs is None else probs.to(DEVICE)
 
 
@@ -281,7 +281,8 @@ def test_zero_tokens_and_errors():
         with config.override(dact=Bf16GemmConfig(32, 96, 32, 4, 1, 2, epilogue_split=3)):
             grouped_gemm_dact(*dargs, cc, dprobs, "srelu")
     dargs, cc, dprobs = dgrad_inputs(SMALL, "srelu", True, "f24")
-    f24 = (*dargs[:3], dargs[3][:, :24], dargs[4][:, :24], *dargs[5:])  # F = 24: not whole runs of 16
+    w2_col = dargs[1]
+    f24 = (dargs[0], Operand(w2_col.data[:, :24], w2_col.scale[:, :24], w2_col.amax), dargs[2])  # F = 24
     with pytest.raises(ValueError, match="multiple of 16"):
         grouped_gemm_dact(*f24, cc[:, :24], dprobs, "srelu")
     with pytest.raises(ValueError, match="c must be"):
@@ -396,7 +397,7 @@ def check_dact_slices(case, activation, label):
     """W2's bf16 copy made a slice of its F rows at a time (grouped_gemm_bf16.slice_rows):
     dC, dp (partials of runs that end at slice edges) and D equal the whole copy's."""
     args, c, probs = dgrad_inputs(case, activation, True, label)
-    a, sa, aa, b, sb, ba, sizes = args
+    (a, sa, aa), (b, sb, ba), sizes = args
     tiles = epilogue_config("dact", _act_code(activation), a.device)
     assert slice_rows(a.shape[0], b.shape[0], b.shape[1], tiles) < b.shape[1], f"{label}: slices"
     sliced = grouped_gemm_dact(*args, c, probs, activation, regenerate=True)

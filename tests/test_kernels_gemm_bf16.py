@@ -33,6 +33,7 @@ import torch
 
 from nvfp4_inductor import numerics
 from nvfp4_inductor.formats import block_values
+from nvfp4_inductor.tensor import Operand
 
 from _assertions import assert_bytes_equal
 
@@ -85,7 +86,8 @@ def check_bound(out, ref, absref, k, label):
     return rel
 
 
-def fprop_ref(a, sa, aa, b, sb, ba, sizes):
+def fprop_ref(a_operand, b_operand, sizes):
+    (a, sa, aa), (b, sb, ba) = a_operand, b_operand
     av, bv = deq64(a, sa), deq64(b, sb)
     alpha = numerics.gemm_alpha(aa, ba).double()
     out = torch.zeros(av.shape[0], bv.shape[1], dtype=torch.float64, device=av.device)
@@ -99,7 +101,8 @@ def fprop_ref(a, sa, aa, b, sb, ba, sizes):
     return out, absout
 
 
-def wgrad_ref(a, sa, aa, b, sb, ba, offsets):
+def wgrad_ref(a_operand, b_operand, offsets):
+    (a, sa, aa), (b, sb, ba) = a_operand, b_operand
     av, bv = deq64(a, sa), deq64(b, sb)
     alpha = numerics.gemm_alpha(aa, ba).double()
     offs = offsets.tolist()
@@ -149,7 +152,7 @@ def gemm_dims(step: Step, which: str) -> tuple[int, int]:
 
 
 def fprop_case(step, which, salt=""):
-    """Random NVFP4 operands of one fprop/dgrad GEMM of `step`: (a..., b..., sizes), K."""
+    """Random NVFP4 operands of one fprop/dgrad GEMM of `step`: (a, b, sizes), K."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
     sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
     tokens, groups = sum(step.sizes), len(step.sizes)
@@ -159,11 +162,11 @@ def fprop_case(step, which, salt=""):
     aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba[0] = 0.0  # alpha 0: a group whose weight amax is 0
-    return (a, sa, aa, b, sb, ba, sizes), k
+    return (Operand(a, sa, aa), Operand(b, sb, ba), sizes), k
 
 
 def wgrad_case(step, which, salt=""):
-    """Random column-wise NVFP4 operands of one wgrad GEMM of `step`: (a..., b..., offsets), P."""
+    """Random column-wise NVFP4 operands of one wgrad GEMM of `step`: (a, b, offsets), P."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
     sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
     tokens, groups = sum(step.sizes), len(step.sizes)
@@ -174,7 +177,7 @@ def wgrad_case(step, which, salt=""):
     b, sb = nvfp4(m, cap // 2, gen=gen)
     aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
     ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    return (a, sa, aa, b, sb, ba, offsets), cap
+    return (Operand(a, sa, aa), Operand(b, sb, ba), offsets), cap
 
 
 def deq_ref(data, scale):
@@ -317,19 +320,19 @@ def test_same_result_as_reference_twins_on_quantized_tensors():
     xq = numerics.group_quantize_torch(x, sizes, columnwise=True, rht=True)
     dcq = numerics.group_quantize_torch(dc, sizes, columnwise=True, rht=True, stochastic_rounding=True, seed=3)
     wq = numerics.quantize_weights_torch(w)
-    args = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
+    args = (xq.rowwise(), wq.rowwise(), sizes)
     out = grouped_gemm_via_bf16(*args)
     check_bound(out, *fprop_ref(*args), 64, "quantized fc1 fprop")
     assert bf16_ulps(out.cpu(), numerics.grouped_gemm_torch(*args).cpu()) <= 2
-    wargs = (dcq.columnwise_data, dcq.columnwise_scale, dcq.columnwise_amax,
-             xq.columnwise_data, xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets)
+    wargs = (dcq.columnwise(), xq.columnwise(), xq.columnwise_offsets)
     wout = grouped_gemm_wgrad_via_bf16(*wargs)
     check_bound(wout, *wgrad_ref(*wargs), xq.columnwise_data.shape[1] * 2, "quantized dW1")
     assert bf16_ulps(wout.cpu(), numerics.grouped_gemm_wgrad_torch(*wargs).cpu()) <= 2
 
 
-def whole_copy_gemm(a, sa, aa, b, sb, ba, sizes):
+def whole_copy_gemm(a_operand, b_operand, sizes):
     """The GEMM on one bf16 copy of each whole operand (no slices)."""
+    (a, sa, aa), (b, sb, ba) = a_operand, b_operand
     a16, b16 = dequantize_bf16_pair(a, sa, b, sb)
     return _grouped_gemm_bf16_op(a16, aa.float(), b16, ba.float(), sizes)
 
@@ -347,7 +350,7 @@ def test_copy_slices_change_no_bit(step):
     with config.override(fprop=SMALL_SLICES):
         for which in GEMMS:
             args, _ = fprop_case(step, which, salt="slices/")
-            a, b = args[0], args[3]
+            a, b = args[0].data, args[1].data
             assert slice_rows(len(a), *b.shape[:2], SMALL_SLICES) < b.shape[1], which  # every GEMM here slices
             assert_bytes_equal(grouped_gemm_via_bf16(*args), whole_copy_gemm(*args), f"{step} {which}")
 
@@ -370,8 +373,8 @@ def test_small_tiles_and_odd_k():
     b, sb = nvfp4(3, 36, 40, gen=gen)
     amax = torch.rand(3, generator=gen).to(DEVICE) + 0.5
     with config.override(fprop=Bf16GemmConfig(16, 16, 32, 4, 1, 3)):
-        out = grouped_gemm_via_bf16(a, sa, amax, b, sb, amax, sizes)
-    ref, absref = fprop_ref(a, sa, amax, b, sb, amax, sizes)
+        out = grouped_gemm_via_bf16(Operand(a, sa, amax), Operand(b, sb, amax), sizes)
+    ref, absref = fprop_ref(Operand(a, sa, amax), Operand(b, sb, amax), sizes)
     check_bound(out, ref, absref, 80, "small tiles, K % BK != 0")
 
 
@@ -381,14 +384,16 @@ def test_zero_tokens_and_errors():
     b, sb = nvfp4(2, 32, 16, gen=gen)
     amax = torch.ones(2, device=DEVICE)
     zeros = torch.zeros(2, dtype=torch.int64, device=DEVICE)
-    out = grouped_gemm_via_bf16(a, sa, amax, b, sb, amax, zeros)
+    out = grouped_gemm_via_bf16(Operand(a, sa, amax), Operand(b, sb, amax), zeros)
     assert out.shape == (0, 32) and out.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="K/2"):
-        grouped_gemm_via_bf16(a[:, :8], sa, amax, b, sb, amax, zeros)
+        grouped_gemm_via_bf16(Operand(a[:, :8], sa, amax), Operand(b, sb, amax), zeros)
     with pytest.raises(ValueError, match="group_sizes"):
-        grouped_gemm_via_bf16(a, sa, amax, b, sb, amax, torch.zeros(3, dtype=torch.int64, device=DEVICE))
+        grouped_gemm_via_bf16(Operand(a, sa, amax), Operand(b, sb, amax),
+                              torch.zeros(3, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="share P"):
-        grouped_gemm_wgrad_via_bf16(a, sa, amax, b[0, :, :8], sb[0, :, :1], amax, torch.zeros(3, dtype=torch.int64))
+        grouped_gemm_wgrad_via_bf16(Operand(a, sa, amax), Operand(b[0, :, :8], sb[0, :, :1], amax),
+                                    torch.zeros(3, dtype=torch.int64))
 
 
 # ---------------------------------------------------------------------------------------
@@ -433,7 +438,7 @@ def test_gpu_grouped_gemm_via_bf16_big(n, k, tma):
     a, sa = nvfp4(tokens, k // 2, gen=gen)
     b, sb = nvfp4(8, n, k // 2, gen=gen)
     aa, ba = torch.rand(8, device=DEVICE) * 4, torch.rand(8, device=DEVICE) * 4
-    args = (a, sa, aa, b, sb, ba, sizes)
+    args = (Operand(a, sa, aa), Operand(b, sb, ba), sizes)
     tiles = Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma, min_slice_rows=256)
     with config.override(fprop=tiles):
         out = grouped_gemm_via_bf16(*args)
@@ -460,7 +465,7 @@ def test_gpu_grouped_gemm_wgrad_via_bf16_big(tma):
     a, sa = nvfp4(768, cap // 2, gen=gen)
     b, sb = nvfp4(1024, cap // 2, gen=gen)
     aa, ba = torch.rand(8, device=DEVICE) * 4, torch.rand(8, device=DEVICE) * 4
-    args = (a, sa, aa, b, sb, ba, offsets)
+    args = (Operand(a, sa, aa), Operand(b, sb, ba), offsets)
     with config.override(wgrad=Bf16GemmConfig(128, 256, 64, 8, 3, 0, tma)):
         out = grouped_gemm_wgrad_via_bf16(*args)
         again = grouped_gemm_wgrad_via_bf16(*args)

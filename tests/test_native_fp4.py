@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from nvfp4_inductor import numerics
+from nvfp4_inductor.tensor import Operand
 
 from _assertions import assert_bytes_equal
 
@@ -192,14 +193,11 @@ def test_edge_cases_from_the_quantizers():
     dyq = numerics.group_quantize_torch(dy, sizes, rowwise=True, columnwise=True)
     gemms = {
         "fprop": (fp4.grouped_gemm_fp4, grouped_gemm_via_bf16, numerics.grouped_gemm_torch,
-                  (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale,
-                   wq.amax, sizes), h),
+                  (xq.rowwise(), wq.rowwise(), sizes), h),
         "dgrad": (fp4.grouped_gemm_fp4, grouped_gemm_via_bf16, numerics.grouped_gemm_torch,
-                  (dyq.rowwise_data, dyq.rowwise_scale, dyq.rowwise_amax, wq.columnwise_data,
-                   wq.columnwise_scale, wq.amax, sizes), f),
+                  (dyq.rowwise(), wq.columnwise(), sizes), f),
         "wgrad": (fp4.grouped_gemm_wgrad_fp4, grouped_gemm_wgrad_via_bf16, numerics.grouped_gemm_wgrad_torch,
-                  (dyq.columnwise_data, dyq.columnwise_scale, dyq.columnwise_amax, xq.columnwise_data,
-                   xq.columnwise_scale, xq.columnwise_amax, xq.columnwise_offsets), xq.columnwise_data.shape[1] * 2),
+                  (dyq.columnwise(), xq.columnwise(), xq.columnwise_offsets), xq.columnwise_data.shape[1] * 2),
     }
     # outputs that must be +0: group 0 (its expert is zero), group 3 (all-zero input) in fprop;
     # group 0 in dgrad; the empty group 1's dW in wgrad
@@ -237,21 +235,29 @@ def test_fake_tensors_give_shapes_and_dtypes_without_launching():
         b = torch.empty(g, n, k // 2, dtype=torch.uint8)
         sb = torch.empty(g, n, k // 16, dtype=torch.float8_e4m3fn)
         amax = torch.empty(g)
-        out = fp4.grouped_gemm_fp4(a, sa, amax, b, sb, amax, torch.empty(g, dtype=torch.int64))
+        out = fp4.grouped_gemm_fp4(Operand(a, sa, amax), Operand(b, sb, amax), torch.empty(g, dtype=torch.int64))
         assert (out.shape, out.dtype) == ((t, n), torch.bfloat16)
-        out = fp4.grouped_gemm_fp4(a[:0], sa[:0], amax, b, sb, amax, torch.empty(g, dtype=torch.int64))
+        out = fp4.grouped_gemm_fp4(Operand(a[:0], sa[:0], amax), Operand(b, sb, amax),
+                                   torch.empty(g, dtype=torch.int64))
         assert (out.shape, out.dtype) == ((0, n), torch.bfloat16)
         wa = torch.empty(n, p // 2, dtype=torch.uint8)
         wsa = torch.empty(n, p // 16, dtype=torch.uint8)  # scales as their uint8 bits
         wb = torch.empty(m, p // 2, dtype=torch.uint8)
         wsb = torch.empty(m, p // 16, dtype=torch.float8_e4m3fn)
-        out = fp4.grouped_gemm_wgrad_fp4(wa, wsa, amax, wb, wsb, amax, torch.empty(g + 1, dtype=torch.int64))
+        out = fp4.grouped_gemm_wgrad_fp4(Operand(wa, wsa, amax), Operand(wb, wsb, amax),
+                                         torch.empty(g + 1, dtype=torch.int64))
         assert (out.shape, out.dtype) == ((g, n, m), torch.bfloat16)
 
 
 def _operands():
-    args, _ = fprop_case(STEPS[0], "fc1_fprop", salt="contract")
-    return list(args)
+    """The fprop's arguments flattened (a's data, scale, amax, b's, group sizes), to spoil one by position."""
+    (a, b, sizes), _ = fprop_case(STEPS[0], "fc1_fprop", salt="contract")
+    return [*a, *b, sizes]
+
+
+def _call(gemm, flat):
+    """`gemm` on flattened arguments (``_operands``'s order)."""
+    return gemm(Operand(*flat[:3]), Operand(*flat[3:6]), flat[6])
 
 
 @pytest.mark.parametrize("position, bad, message", [
@@ -266,16 +272,15 @@ def test_fprop_argument_errors_name_the_argument(position, bad, message):
     args = _operands()
     args[position] = bad(args[position])
     with pytest.raises(ValueError, match=message):
-        fp4.grouped_gemm_fp4(*args)
+        _call(fp4.grouped_gemm_fp4, args)
 
 
 def test_wgrad_argument_errors_name_the_argument():
-    args, _ = wgrad_case(STEPS[0], "fc2_wgrad", salt="contract")
-    args = list(args)
+    (a, b, offsets), _ = wgrad_case(STEPS[0], "fc2_wgrad", salt="contract")
     with pytest.raises(ValueError, match="b_amax must be"):
-        fp4.grouped_gemm_wgrad_fp4(*args[:5], args[5][:-1], args[6])
+        fp4.grouped_gemm_wgrad_fp4(a, b._replace(amax=b.amax[:-1]), offsets)
     with pytest.raises(ValueError, match="must share P"):
-        fp4.grouped_gemm_wgrad_fp4(args[0][:, :-8], *args[1:])
+        fp4.grouped_gemm_wgrad_fp4(a._replace(data=a.data[:, :-8]), b, offsets)
 
 
 def test_config_refuses_partial_scale_blocks():
@@ -290,9 +295,10 @@ def test_launch_reads_the_containers_in_place(replace_launches):
     calls = []
     replace_launches(lambda launch: lambda kernel, grid, **kw: calls.append((kernel, grid, kw)))
     args = _operands()
-    fp4.grouped_gemm_fp4(*args)
-    wargs, p = wgrad_case(STEPS[0], "fc2_wgrad", salt="contract")
-    fp4.grouped_gemm_wgrad_fp4(*wargs)
+    _call(fp4.grouped_gemm_fp4, args)
+    (wa, wb, offsets), p = wgrad_case(STEPS[0], "fc2_wgrad", salt="contract")
+    wargs = [*wa, *wb, offsets]
+    fp4.grouped_gemm_wgrad_fp4(wa, wb, offsets)
     assert [c[0] for c in calls] == [fp4._grouped_gemm_fp4_kernel, fp4._grouped_gemm_wgrad_fp4_kernel]
     (_, _, kw), (_, _, wkw) = calls
     for key, arg in zip(("a_ptr", "sa_ptr", "b_ptr", "sb_ptr", "sizes_ptr"), (0, 1, 3, 4, 6)):

@@ -45,6 +45,8 @@ import pytest
 import torch
 
 import nvfp4_inductor
+from nvfp4_inductor.recipe import QuantizeOptions
+from nvfp4_inductor.tensor import Operand
 from _assertions import assert_bytes_equal
 
 nvfp4 = torch.ops.nvfp4
@@ -595,6 +597,11 @@ def _gemm_operands(seed: int, sizes=UNEVEN, k=32, n=48):
     return (a[0], a[1], a[2], b[0], b[1], b[4], gs)
 
 
+def _as_operands(flat):
+    """A GEMM op's flat arguments (a's data, scale, amax, b's, group sizes) as a step takes them."""
+    return Operand(*flat[:3]), Operand(*flat[3:6]), flat[6]
+
+
 @pytest.mark.parametrize("sizes", [UNEVEN, (0, 64, 0, 0)], ids=lambda s: "-".join(map(str, s)))
 def test_grouped_gemm(sizes):
     a_data, a_scale, a_amax, b_data, b_scale, b_amax, gs = _gemm_operands(9, sizes)
@@ -821,14 +828,15 @@ def test_fused_step_ops(activation, clamp):
     with lowerings.registered(target):
         fc1_args = (*fc1, probs, activation, clamp, MASK, want_amax, target.name)
         got = nvfp4.fc1_act_amax(*fc1_args)
-        expected = steps.fc1_act_amax(*fc1, probs, activation, clamp, MASK, want_amax=want_amax)
+        expected = steps.fc1_act_amax(*_as_operands(fc1), probs, activation, clamp,
+                                      QuantizeOptions(columnwise=True, rht=True, sign_mask=MASK), want_amax=want_amax)
         _assert_tuple_equal(got[:2], expected[:2], "fc1_act_amax C, D")
         if want_amax:
             _assert_tuple_equal(got[2:], expected[2:], "fc1_act_amax amaxes")
         else:
             assert got[2].numel() == got[3].numel() == 0
         dgrad_args = (*dgrad, c, probs, activation, clamp, target.name)
-        dc, dp, _ = steps.fc2_dgrad_act(*dgrad, c, probs, activation, clamp)
+        dc, dp, _ = steps.fc2_dgrad_act(*_as_operands(dgrad), c, probs, activation, clamp)
         _assert_tuple_equal(nvfp4.fc2_dgrad_act(*dgrad_args), (dc, dp), "fc2_dgrad_act")
         for op, args in ((nvfp4.fc1_act_amax, fc1_args), (nvfp4.fc2_dgrad_act, dgrad_args)):
             torch.library.opcheck(op, args, test_utils=NO_SCHEMA)

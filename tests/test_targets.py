@@ -25,9 +25,9 @@ def described(name, caps, device_types=("cuda",), min_capability=None):
 # cuDNN frontend's SM100 kernels as documented: fused fc1 with the unsigned-Hadamard amax.
 UNSIGNED = described("unsigned", Capabilities(fused_activations=frozenset({"srelu", "swiglu"}), fused_amax=True),
                      min_capability=(10, 0))
-SIGNED = described("signed", Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_takes_sign_mask=True))
+SIGNED = described("signed", Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_signed_hadamard=True))
 NO_CLAMP = described("noclamp", Capabilities(fused_activations=frozenset({"srelu", "swiglu"}), fused_amax=True,
-                                             fused_amax_takes_sign_mask=True))
+                                             fused_amax_signed_hadamard=True))
 
 
 def site(activation="srelu", capability=(10, 0), **facts):
@@ -120,19 +120,17 @@ def counting_target(name, counts, caps, **step_options):
             return fn(*args, **kwargs)
         return run
 
-    def fc1_act_amax(*args, want_amax=True):
-        gemm_args, (probs, activation, clamp, sign_mask) = args[:7], args[7:]
+    def fc1_act_amax(a, b, group_sizes, probs, activation, clamp, d_cast, *, want_amax=True):
         counts["fc1_act_amax with amax" if want_amax else "fc1_act_amax without amax"] += 1
-        c = ref.grouped_gemm(*gemm_args)
+        c = ref.grouped_gemm(a, b, group_sizes)
         d = ref.activation_forward(c, probs, activation, clamp)
-        pre, post = ref.group_hadamard_amax(d, gemm_args[6], sign_mask) if want_amax else (None, None)
+        pre, post = ref.group_hadamard_amax(d, group_sizes, d_cast) if want_amax else (None, None)
         return c, d, pre, post
 
-    def fc2_dgrad_act(*args, regenerate=False):
-        gemm_args, (c, probs, activation, clamp) = args[:7], args[7:]
+    def fc2_dgrad_act(a, b, group_sizes, c, probs, activation, clamp, *, regenerate=False):
         counts["fc2_dgrad_act"] += 1
         counts["D regenerated"] += regenerate
-        return ref.activation_backward(ref.grouped_gemm(*gemm_args), c, probs, activation, clamp,
+        return ref.activation_backward(ref.grouped_gemm(a, b, group_sizes), c, probs, activation, clamp,
                                        regenerate=regenerate)
 
     steps = dataclasses.replace(
@@ -143,7 +141,7 @@ def counting_target(name, counts, caps, **step_options):
 
 
 # Fused kernels for every activation; its fused post-RHT amax ignores the sign mask.
-MASKLESS = Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_takes_sign_mask=False)
+MASKLESS = Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_signed_hadamard=False)
 
 
 def _model(activation="swiglu", recipe=None):
@@ -216,9 +214,9 @@ def test_recompute_makes_d_inside_its_cast_where_the_target_can():
     step and a cast; explain names it, and the bits are the eager chain's."""
     counts = collections.Counter()
 
-    def activation_quantize(c, probs, activation, clamp, group_sizes, **options):
+    def activation_quantize(c, probs, activation, clamp, group_sizes, cast):
         d = REFERENCE_STEPS.activation_forward(c, probs, activation, clamp)
-        return REFERENCE_STEPS.group_quantize(d, group_sizes, **options)
+        return REFERENCE_STEPS.group_quantize(d, group_sizes, cast)
 
     with lowerings.registered(counting_target("counting", counts, MASKLESS, activation_quantize=activation_quantize)):
         mlp, args = _model("srelu")
@@ -304,7 +302,7 @@ def test_a_target_added_as_the_architecture_doc_says():
     sizes = torch.tensor([10, 0, 30])
     xq = numerics.group_quantize_torch(torch.randn(40, 64, dtype=torch.bfloat16), sizes)
     wq = numerics.quantize_weights_torch(torch.randn(3, 128, 64, dtype=torch.bfloat16))
-    gemm = (xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes)
+    gemm = (xq.rowwise(), wq.rowwise(), sizes)
     assert torch.equal(cudnn.make_steps(cudnn_sim, REFERENCE_STEPS).grouped_gemm(*gemm),
                        numerics.grouped_gemm_torch(*gemm))
 

@@ -333,10 +333,8 @@ def saved_for_backward(x, fc1_weight, fc2_weight, group_sizes, probs, *, activat
         None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
         for t in (x, fc1_weight, fc2_weight, group_sizes, probs)
     )
-    outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, activation=activation,
-                           tanh_clamp_scale=None, rht=True, sign_mask=0, block_2d=True, stochastic_rounding=False,
-                           recompute=recompute, target="reference", fused_fc1=False, fused_amax=False,
-                           fused_dgrad=False)
+    opts = SiteOptions(activation, None, Recipe(), Plan("reference", False, False, False, ""), recompute=recompute)
+    outs = grouped_mlp_fwd(x, fc1_weight, fc2_weight, group_sizes, probs, **schema_kwargs(opts))
     saved = SavedForBackward.unflatten(outs[1:])._asdict()
     kept = [(LABELS[name], t) for name, t in saved.items() if not (recompute and name in REGENERATED)]
     extra = [("group_sizes", group_sizes)] + ([("probs", probs)] if probs is not None else [])

@@ -25,12 +25,13 @@ Differences from the references, on purpose:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from ..constants import RHT_DEFAULT_SIGN_MASK
 from ..numerics import Seed, columnwise_capacity, require_seed
+from ..recipe import QuantizeOptions
 from ..tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 from ._registry import INTERPRET
 from .activation import _act_code, _check, _clamp, is_gated
@@ -166,38 +167,25 @@ def group_quantize(
     (``Steps.deq_operands``); the cast writes it, no dequantize launch."""
     _check_input(x, "group_quantize")
     del block_2d
-    cast = _GroupCast(rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax, seed,
-                      rowwise_deq)
+    cast = QuantizeOptions(rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax,
+                           seed, rowwise_deq)
     return _cast_groups(x, x.shape[1], group_sizes, cast)
 
 
-class _GroupCast(NamedTuple):
-    """``group_quantize``'s keywords (but ``block_2d``), as one value."""
-
-    rowwise: bool = True
-    columnwise: bool = False
-    rht: bool = False
-    sign_mask: int = RHT_DEFAULT_SIGN_MASK
-    stochastic_rounding: bool = False
-    rowwise_amax: Optional[torch.Tensor] = None
-    columnwise_amax: Optional[torch.Tensor] = None
-    seed: Optional[Seed] = None
-    rowwise_deq: bool = False
-
-
-def _cast_groups(x, k, group_sizes, cast: _GroupCast, probs=None, act=-1, clamp=1.0) -> NVFP4GroupedTensor:
+def _cast_groups(x, k, group_sizes, cast: QuantizeOptions, probs=None, act=-1, clamp=1.0) -> NVFP4GroupedTensor:
     """``group_quantize`` of x (T, K), or with ``act`` >= 0 of D made from C = x by the cast
     (``group_cast``'s activation arguments; K is D's width)."""
-    rowwise, columnwise, rht, sign_mask, stochastic_rounding, rowwise_amax, columnwise_amax, seed, rowwise_deq = cast
+    rowwise, columnwise, rht, sign_mask = cast.rowwise, cast.columnwise, cast.rht, cast.sign_mask
+    stochastic_rounding, seed = cast.stochastic_rounding, cast.seed
     tokens = x.shape[0]
     capacity = columnwise_capacity(tokens, group_sizes.shape[0])  # >= tokens: it bounds the SR blocks
     row_amax, col_amax = _amaxes(
-        x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, rowwise_amax, columnwise_amax
+        x, group_sizes, capacity, rowwise, columnwise, rht, sign_mask, cast.rowwise_amax, cast.columnwise_amax
     )
     row_data, row_scale, col_data, col_scale, pad_off, row_amax, col_amax = group_cast(
         x, group_sizes, row_amax, col_amax, _seed_tensor(stochastic_rounding, seed, x.device, capacity * k // 16),
         rowwise, columnwise, rht and columnwise, sign_mask, False, stochastic_rounding, capacity, False,
-        rowwise_deq, probs, act, clamp,
+        cast.rowwise_deq, probs, act, clamp,
     )
     return NVFP4GroupedTensor(
         row_data if rowwise else None,
@@ -232,7 +220,7 @@ def activation_group_quantize(
     if d_width % 16:
         raise ValueError(f"activation_group_quantize: D's width must be a multiple of 16, got {d_width} "
                          f"(C {tuple(c.shape)}, {activation})")
-    cast = _GroupCast(**options)  # group_quantize's keywords (a TypeError names any other)
+    cast = QuantizeOptions(**options)  # group_quantize's keywords (a TypeError names any other)
     if (cast.rowwise and cast.rowwise_amax is None) or (cast.columnwise and cast.columnwise_amax is None):
         raise ValueError("activation_group_quantize: supply the amax of every copy asked for (D is never "
                          "materialized, so there is no amax pass over it)")

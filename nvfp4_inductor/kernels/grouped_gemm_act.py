@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from ..sizes import is_zero
+from ..tensor import Operand
 from ._nvfp4 import bf16_round, to_float32
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, act_fwd_math, is_gated
@@ -169,30 +170,27 @@ def _grouped_gemm_act_op(
 
 
 def grouped_gemm_act(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     group_sizes: torch.Tensor,
     probs: Optional[torch.Tensor],
     activation: str,
     tanh_clamp_scale: Optional[float],
-    sign_mask: int,
+    d_cast,
     *,
     want_amax: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, None, None]:
     """fc1 + activation: (C, D, None, None) -- ``Steps.fc1_act_amax`` without D's amaxes
-    (this kernel has none to give: `sign_mask` and `want_amax` are the step's arguments,
+    (this kernel has none to give: `d_cast` and `want_amax` are the step's arguments,
     and want_amax=True raises), bit for bit
 
-        C = grouped_gemm_via_bf16(a..., b..., group_sizes)
+        C = grouped_gemm_via_bf16(a, b, group_sizes)
         D = activation.activation_forward(C, probs, activation, tanh_clamp_scale)
 
     a: x's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W1's row-wise copies
     (G, F1, H/2), (G, F1, H/16), amax (G,), F1 = 2F for SwiGLU (gate rows first). The bf16
     deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     if want_amax:
         raise ValueError("grouped_gemm_act: want_amax=True, but the Triton fc1 kernel does not compute D's amaxes "
                          "(the Triton target has no fused_amax capability); run group_hadamard_amax on D")

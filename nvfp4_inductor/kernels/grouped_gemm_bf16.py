@@ -50,6 +50,7 @@ import triton.language as tl
 
 from ..formats import is_deq_values
 from ..sizes import copy_slices, is_zero
+from ..tensor import Operand
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
 from .dequantize import bf16_operands, dequantize_bf16_pair, weight_slices
@@ -327,12 +328,8 @@ def _grouped_gemm_wgrad_bf16_op(
 
 
 def grouped_gemm_via_bf16(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     group_sizes: torch.Tensor,
 ) -> torch.Tensor:
     """fprop / dgrad, the twin of ``numerics.grouped_gemm_torch``: a (T, K/2) uint8, (T, K/16)
@@ -340,6 +337,7 @@ def grouped_gemm_via_bf16(
     Returns (T, N) bf16. The bf16 deq() copies of a and b live only inside this call; a
     packed b (a weight stack) whose copy is large beside a's is copied a slice of its N rows
     at a time (``slice_rows``)."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     check_gemm_operands("grouped_gemm", a_data, a_scale, b_data, b_scale, group_sizes)
     a_amax, b_amax, group_sizes = a_amax.float().contiguous(), b_amax.float().contiguous(), group_sizes.contiguous()
     groups, n = b_data.shape[:2]
@@ -352,18 +350,15 @@ def grouped_gemm_via_bf16(
 
 
 def grouped_gemm_wgrad_via_bf16(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     padded_offsets: torch.Tensor,
 ) -> torch.Tensor:
     """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
     E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,), multiples of 16,
     on the device. Returns (G, N, M) bf16 (zeros for an empty group). The bf16 deq() copies
     live only inside this call."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     check_wgrad_operands("grouped_gemm_wgrad", a_data, a_scale, b_data, b_scale, padded_offsets)
     a, b = dequantize_bf16_pair(a_data, a_scale, b_data, b_scale)
     return _grouped_gemm_wgrad_bf16_op(a, a_amax.float().contiguous(), b, b_amax.float().contiguous(),

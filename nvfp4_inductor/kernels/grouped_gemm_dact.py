@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ..formats import is_deq_values
 from ..sizes import is_zero
+from ..tensor import Operand
 from ._nvfp4 import to_float32
 from ._registry import INTERPRET, cdiv, kernel_op, launch, next_power_of_2
 from .activation import _act_code, _clamp, _run_sums, act_bwd_tile, is_gated
@@ -205,12 +206,8 @@ def _grouped_gemm_dact_slices_op(
 
 
 def grouped_gemm_dact(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     group_sizes: torch.Tensor,
     c: torch.Tensor,
     probs: Optional[torch.Tensor],
@@ -221,7 +218,7 @@ def grouped_gemm_dact(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """fc2 dgrad + activation backward: (dC, dp or None, D or None), bit for bit
 
-        G = grouped_gemm_via_bf16(a..., b..., group_sizes)
+        G = grouped_gemm_via_bf16(a, b, group_sizes)
         activation.activation_backward(G, c, probs, activation, tanh_clamp_scale, regenerate=regenerate)
 
     a: dY's row-wise grouped copy (T, H/2), (T, H/16), amax (G,); b: W2's column-wise
@@ -229,6 +226,7 @@ def grouped_gemm_dact(
     The bf16 deq() copies of a and b (``dequantize_bf16_pair``) live only inside this call;
     W2's, when large beside dY's, is made a slice of its F rows at a time
     (``grouped_gemm_bf16.slice_rows``)."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     check_gemm_operands("grouped_gemm_dact", a_data, a_scale, b_data, b_scale, group_sizes)
     act, clamp = _act_code(activation), _clamp(activation, tanh_clamp_scale)
     f = b_data.shape[1]

@@ -61,6 +61,7 @@ import triton.language as tl
 from ..constants import BLOCK
 from ..formats import is_deq_values
 from ..sizes import is_zero
+from ..tensor import Operand
 from ._nvfp4 import e2m1_value, e4m3_decode
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
@@ -296,17 +297,14 @@ def _check_amax(name: str, groups: int, **amaxes) -> None:
 
 
 def grouped_gemm_fp4(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     group_sizes: torch.Tensor,
 ) -> torch.Tensor:
     """fprop / dgrad, the twin of ``numerics.grouped_gemm_torch``: a (T, K/2) uint8, (T, K/16)
     E4M3, amax (G,); b (G, N, K/2), (G, N, K/16), amax (G,); group sizes (G,) on the device.
     Returns (T, N) bf16. Reads the operands where they are (no copy when contiguous)."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     name = "grouped_gemm_fp4"
     check_gemm_operands(name, a_data, a_scale, b_data, b_scale, group_sizes)
     _check_packed(name, a=(a_data, a_scale), b=(b_data, b_scale))
@@ -317,17 +315,14 @@ def grouped_gemm_fp4(
 
 
 def grouped_gemm_wgrad_fp4(
-    a_data: torch.Tensor,
-    a_scale: torch.Tensor,
-    a_amax: torch.Tensor,
-    b_data: torch.Tensor,
-    b_scale: torch.Tensor,
-    b_amax: torch.Tensor,
+    a: Operand,
+    b: Operand,
     padded_offsets: torch.Tensor,
 ) -> torch.Tensor:
     """wgrad, the twin of ``numerics.grouped_gemm_wgrad_torch``: a (N, P/2) uint8, (N, P/16)
     E4M3, amax (G,); b (M, P/2), (M, P/16), amax (G,); padded_offsets (G+1,), multiples of 16,
     on the device. Returns (G, N, M) bf16 (zeros for an empty group)."""
+    (a_data, a_scale, a_amax), (b_data, b_scale, b_amax) = a, b
     name = "grouped_gemm_wgrad_fp4"
     check_wgrad_operands(name, a_data, a_scale, b_data, b_scale, padded_offsets)
     _check_packed(name, a=(a_data, a_scale), b=(b_data, b_scale))

@@ -122,7 +122,7 @@ def capabilities_from_signatures(signatures: Signatures) -> Union[Capabilities, 
         fused_activations=fused,
         fused_amax=True,
         fused_amax_activations=frozenset(amax_acts),
-        fused_amax_takes_sign_mask=sign_mask_parameter(hadamard) is not None,
+        fused_amax_signed_hadamard=sign_mask_parameter(hadamard) is not None,
         fused_d_from_stored_c=False,  # the epilogues read the fp32 alpha * acc (numerics.md 7, difference 1)
         dtypes=frozenset({torch.bfloat16}),
         alignment=N_ALIGNMENT,
@@ -220,45 +220,44 @@ def make_steps(fe, base):
         capacity = lay.padded_capacity(tokens, group_sizes.numel())
         return rows, capacity, lay.padded_offsets(group_sizes, tokens)
 
-    def operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu=False):
-        a, sfa = lay.activation_operand(a_data, a_scale, rows, capacity)
-        b, sfb = lay.weight_operand(b_data, b_scale, glu=glu)
-        return dict(a_tensor=lay.batch_view(a), sfa_tensor=lay.kernel_view(sfa), b_tensor=b.permute(1, 2, 0),
-                    sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16, m_aligned=M_ALIGNED,
-                    acc_dtype=torch.float32)
+    def operands(a, b, rows, capacity, glu=False):
+        a_tensor, sfa = lay.activation_operand(a.data, a.scale, rows, capacity)
+        b_tensor, sfb = lay.weight_operand(b.data, b.scale, glu=glu)
+        return dict(a_tensor=lay.batch_view(a_tensor), sfa_tensor=lay.kernel_view(sfa),
+                    b_tensor=b_tensor.permute(1, 2, 0), sfb_tensor=lay.kernel_view(sfb), sf_vec_size=16,
+                    m_aligned=M_ALIGNED, acc_dtype=torch.float32)
 
-    def grouped_gemm(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes):
-        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
-        out = getattr(fe, GEMM)(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
-                                d_dtype=torch.bfloat16, generate_amax=False,
-                                **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+    def grouped_gemm(a, b, group_sizes):
+        rows, capacity, offsets = layout(group_sizes, a.data.shape[0])
+        out = getattr(fe, GEMM)(padded_offsets=offsets, alpha_tensor=lay.alpha(a.amax, b.amax),
+                                d_dtype=torch.bfloat16, generate_amax=False, **operands(a, b, rows, capacity))
         return lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
 
-    def grouped_gemm_wgrad(a_data, a_scale, a_amax, b_data, b_scale, b_amax, padded_offsets):
-        rows, capacity, ends = lay.wgrad_layout(padded_offsets, a_data.shape[1] * 2)
-        a, sfa = lay.wgrad_operand(a_data, a_scale, rows, capacity, ends)
-        b, sfb = lay.wgrad_operand(b_data, b_scale, rows, capacity, ends)
-        alpha = lay.alpha(a_amax, b_amax)
+    def grouped_gemm_wgrad(a, b, padded_offsets):
+        rows, capacity, ends = lay.wgrad_layout(padded_offsets, a.data.shape[1] * 2)
+        a_tensor, sfa = lay.wgrad_operand(a.data, a.scale, rows, capacity, ends)
+        b_tensor, sfb = lay.wgrad_operand(b.data, b.scale, rows, capacity, ends)
+        alpha = lay.alpha(a.amax, b.amax)
         # the epilogue multiplies the accumulator by global_scale_a * global_scale_b (fp32):
         # (alpha, 1) makes that our alpha exactly, where the decode scales (A / 2688 each)
         # would round their product differently (numerics.md 5.4)
-        out = getattr(fe, WGRAD)(a_tensor=a, b_tensor=b.t(), sfa_tensor=sfa, sfb_tensor=sfb, offsets_tensor=ends,
-                                 global_scale_a=alpha, global_scale_b=torch.ones_like(alpha),
+        out = getattr(fe, WGRAD)(a_tensor=a_tensor, b_tensor=b_tensor.t(), sfa_tensor=sfa, sfb_tensor=sfb,
+                                 offsets_tensor=ends, global_scale_a=alpha, global_scale_b=torch.ones_like(alpha),
                                  acc_dtype=torch.float32, wgrad_dtype=torch.bfloat16, sf_vec_size=16)
         return out["wgrad_tensor"]
 
     def clamp_kwargs(activation, tanh_clamp_scale):
         return {TANH_CLAMP_ARG: tanh_clamp_scale} if activation == "tanh_srelu" else {}
 
-    def fc1_act_amax(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, probs, activation,
-                     tanh_clamp_scale, sign_mask, *, want_amax=True):
+    def fc1_act_amax(a, b, group_sizes, probs, activation, tanh_clamp_scale, d_cast, *, want_amax=True):
+        del d_cast  # the Hadamard wrapper's post-RHT amax is unsigned: fused only where D's cast's is (rule 4)
         if activation not in WIRED:
             raise NotImplementedError(f"cudnn: no fused fc1 step for {activation}")
         glu = activation == "swiglu"
-        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
-        args = dict(padded_offsets=offsets, alpha_tensor=lay.alpha(a_amax, b_amax),
+        rows, capacity, offsets = layout(group_sizes, a.data.shape[0])
+        args = dict(padded_offsets=offsets, alpha_tensor=lay.alpha(a.amax, b.amax),
                     prob_tensor=lay.prob_view(probs, rows, capacity), c_dtype=torch.bfloat16,
-                    d_dtype=torch.bfloat16, **operands(a_data, a_scale, b_data, b_scale, rows, capacity, glu))
+                    d_dtype=torch.bfloat16, **operands(a, b, rows, capacity, glu))
         if want_amax:
             out = getattr(fe, FC1_HADAMARD)(act_func="swiglu" if glu else "srelu", **args,
                                             **clamp_kwargs(activation, tanh_clamp_scale))
@@ -273,26 +272,25 @@ def make_steps(fe, base):
         d = lay.unpad_rows(out["d_tensor"][:, :, 0], rows)
         return (lay.deinterleave_glu(c, dim=-1) if glu else c), d, pre, post
 
-    def fc2_dgrad_act(a_data, a_scale, a_amax, b_data, b_scale, b_amax, group_sizes, c, probs, activation,
-                      tanh_clamp_scale, *, regenerate=False):
+    def fc2_dgrad_act(a, b, group_sizes, c, probs, activation, tanh_clamp_scale, *, regenerate=False):
         if activation not in WIRED:
             raise NotImplementedError(f"cudnn: no fused fc2 dgrad step for {activation}")
-        rows, capacity, offsets = layout(group_sizes, a_data.shape[0])
+        rows, capacity, offsets = layout(group_sizes, a.data.shape[0])
         common = dict(padded_offsets=offsets, prob_tensor=lay.prob_view(probs, rows, capacity),
                       dprob_tensor=torch.zeros(capacity, 1, 1, dtype=torch.float32, device=c.device),
                       d_dtype=torch.bfloat16, deterministic=True,
-                      **operands(a_data, a_scale, b_data, b_scale, rows, capacity))
+                      **operands(a, b, rows, capacity))
         if activation == "swiglu":
             out = getattr(fe, DGRAD_GLU)(
                 c_tensor=lay.batch_view(lay.interleave_glu(lay.pad_rows(c, rows, capacity), dim=-1)),
-                alpha_tensor=lay.dglu_alpha(a_amax, b_amax), act_func="dswiglu",
+                alpha_tensor=lay.dglu_alpha(a.amax, b.amax), act_func="dswiglu",
                 beta_tensor=torch.ones(group_sizes.numel(), dtype=torch.float32, device=c.device), **common)
             dc = lay.deinterleave_glu(lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows), dim=-1)
             # the dGLU kernel emits no D: regenerate it as the unfused step does, from the bf16 C
             d = base.activation_forward(c, probs, activation) if regenerate else None
         else:
             out = getattr(fe, DGRAD_SRELU)(
-                c_tensor=lay.batch_view(lay.pad_rows(c, rows, capacity)), alpha_tensor=lay.alpha(a_amax, b_amax),
+                c_tensor=lay.batch_view(lay.pad_rows(c, rows, capacity)), alpha_tensor=lay.alpha(a.amax, b.amax),
                 use_dsrelu_reuse=regenerate, **common, **clamp_kwargs(activation, tanh_clamp_scale))
             dc = lay.unpad_rows(out["d_row_tensor"][:, :, 0], rows)
             d = lay.unpad_rows(out["d_srelu_tensor"][:, :, 0], rows) if regenerate else None

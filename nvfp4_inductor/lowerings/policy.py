@@ -82,7 +82,7 @@ def fused_amax_allowed(name: str, caps: Capabilities, recipe: Recipe,
     if activation is not None and caps.fused_amax_activations is not None and (
             activation not in caps.fused_amax_activations):
         return False, f"{name}'s fused fc1 kernel emits no amax for {activation}: one group Hadamard-amax pass over D"
-    if recipe.rht and recipe.sign_mask != 0 and not caps.fused_amax_takes_sign_mask:
+    if recipe.rht and recipe.sign_mask != 0 and not caps.fused_amax_signed_hadamard:
         return False, (
             f"{name}'s fused post-RHT amax uses the unsigned Hadamard but the recipe's sign mask is "
             f"{recipe.sign_mask:#06x}: amax pass (fused only with sign_mask=0)"

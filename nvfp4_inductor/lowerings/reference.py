@@ -20,9 +20,15 @@ def _row_as_deq(q):
     return q
 
 
-def group_quantize(x, group_sizes, *, rowwise_deq=False, **options):
-    q = numerics.group_quantize_torch(x, group_sizes, **options)
+def group_quantize(x, group_sizes, cast):
+    keywords = cast.keywords()
+    rowwise_deq = keywords.pop("rowwise_deq")
+    q = numerics.group_quantize_torch(x, group_sizes, **keywords)
     return _row_as_deq(q) if rowwise_deq and q.rowwise_data is not None else q
+
+
+def group_hadamard_amax(x, group_sizes, cast):
+    return numerics.group_hadamard_amax_torch(x, group_sizes, cast.sign_mask)
 
 
 def quantize_weights(w, *, block_2d=True, rowwise_deq=False):
@@ -33,7 +39,7 @@ def quantize_weights(w, *, block_2d=True, rowwise_deq=False):
 STEPS = Steps(
     quantize=numerics.quantize_torch,
     group_quantize=group_quantize,
-    group_hadamard_amax=numerics.group_hadamard_amax_torch,
+    group_hadamard_amax=group_hadamard_amax,
     quantize_weights=quantize_weights,
     grouped_gemm=numerics.grouped_gemm_torch,
     grouped_gemm_wgrad=numerics.grouped_gemm_wgrad_torch,

@@ -29,8 +29,8 @@ class Capabilities:
     fused_amax: the fused fc1 kernel's epilogue can emit D's per-group pre- and post-RHT amax.
     fused_amax_activations: the fused activations whose fc1 kernel emits that amax (None: all
         of ``fused_activations``; cuDNN's Hadamard kernel has no tanh clamp, for one).
-    fused_amax_takes_sign_mask: that post-RHT amax uses the quantizer's sign mask (cuDNN's
-        SM100 Hadamard kernel uses the unsigned Hadamard: False) (rule 4).
+    fused_amax_signed_hadamard: that post-RHT amax is of the signed Hadamard, the recipe's
+        signs applied (cuDNN's SM100 Hadamard kernel uses the unsigned one: False) (rule 4).
     fused_d_from_stored_c: its fused fc1 kernel computes D from the bf16 C it stores, as the
         unfused activation step does, so the backward can rebuild that D from the saved C
         (cuDNN's reads the fp32 accumulator: False, and D's column-wise copy is saved) (rule 5).
@@ -42,7 +42,7 @@ class Capabilities:
     fused_activations: frozenset[str] = frozenset()
     fused_amax: bool = False
     fused_amax_activations: Optional[frozenset[str]] = None
-    fused_amax_takes_sign_mask: bool = False
+    fused_amax_signed_hadamard: bool = False
     fused_d_from_stored_c: bool = True
     dtypes: frozenset[torch.dtype] = frozenset({torch.bfloat16})
     alignment: int = BLOCK

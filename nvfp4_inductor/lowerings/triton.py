@@ -51,18 +51,27 @@ def activation_backward(g, c, probs, activation, tanh_clamp_scale=None, *, regen
 _D_MADE_IN_CAST = frozenset({"srelu"})
 
 
-def activation_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, **options):
+def group_quantize(x, group_sizes, cast):
+    return kernels.group_quantize(x, group_sizes, **cast.keywords())
+
+
+def group_hadamard_amax(x, group_sizes, cast):
+    return kernels.group_hadamard_amax(x, group_sizes, cast.sign_mask)
+
+
+def activation_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, cast):
     """D = activation_forward(C) cast by group_quantize: one launch where the activation is
     in ``_D_MADE_IN_CAST`` (D never stored), else the two steps."""
     if activation in _D_MADE_IN_CAST and not _reference_activation(c, activation):
-        return kernels.activation_group_quantize(c, probs, activation, tanh_clamp_scale, group_sizes, **options)
-    return kernels.group_quantize(activation_forward(c, probs, activation, tanh_clamp_scale), group_sizes, **options)
+        return kernels.activation_group_quantize(c, probs, activation, tanh_clamp_scale, group_sizes,
+                                                 **cast.keywords())
+    return group_quantize(activation_forward(c, probs, activation, tanh_clamp_scale), group_sizes, cast)
 
 
 STEPS = Steps(
     quantize=kernels.quantize,
-    group_quantize=kernels.group_quantize,
-    group_hadamard_amax=kernels.group_hadamard_amax,
+    group_quantize=group_quantize,
+    group_hadamard_amax=group_hadamard_amax,
     quantize_weights=kernels.quantize_weights,
     # fprop/dgrad and wgrad: dequantize -> bf16 GEMM, 1.3-2.25x faster than in-register
     # dequant (docs/decisions.md, GEMM operands). fc1_act_amax / fc2_dgrad_act run the same
