@@ -52,8 +52,7 @@ class Recipe:
         for name in ("rht", "block_2d", "stochastic_rounding", "sr_per_rank"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Recipe.{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.sign_mask, int) or not 0 <= self.sign_mask <= 0xFFFF:
-            raise ValueError(f"Recipe.sign_mask must be an int in [0, 0xFFFF], got {self.sign_mask!r}")
+        check_sign_mask("Recipe.sign_mask", self.sign_mask)
 
     def token_cast(self, **options) -> QuantizeOptions:
         """A cast of tokens (x, D, dY, dC) under this recipe: its Hadamard transform on the
@@ -64,7 +63,7 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class QuantizeOptions:
-    """One cast of a (T, K) tensor of tokens, as one value: what the quantize steps take
+    """One cast's options, as one value: what the quantize steps take
     (``Steps.group_quantize``, ``activation_quantize``) and what the amax steps read the
     Hadamard of (``group_hadamard_amax``, ``fc1_act_amax``: the casts their amaxes feed). The
     program makes it (``Recipe.token_cast``); the ``nvfp4::`` ops flatten it into their schemas
@@ -90,9 +89,14 @@ class QuantizeOptions:
     rowwise_deq: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.sign_mask, int) or not 0 <= self.sign_mask <= 0xFFFF:
-            raise ValueError(f"sign_mask must be a 16-bit int; got {self.sign_mask!r}")
+        check_sign_mask("sign_mask", self.sign_mask)
 
     def keywords(self) -> dict:
         """The fields as the quantizers' keyword arguments."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def check_sign_mask(name: str, sign_mask) -> None:
+    """The RHT's signs are 16 bits: an int in [0, 0xFFFF]."""
+    if not isinstance(sign_mask, int) or not 0 <= sign_mask <= 0xFFFF:
+        raise ValueError(f"{name} must be an int in [0, 0xFFFF], got {sign_mask!r}")
