@@ -332,9 +332,9 @@ def test_a_target_added_as_the_architecture_doc_says():
         mlp = nv.GroupedMLP(3, 64, 128, "swiglu")
         args = (torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True), sizes,
                 torch.rand(40, requires_grad=True))
-        [s] = nv.explain(mlp, *args).sites
+        [s] = nv.explain(mlp)(*args).sites
         assert s.target == "vendor" and cudnn.FC1_GLU in s.reason
-        compare = nv.compare(mlp, *args, compiler="aot_eager")
+        compare = nv.compare(mlp, backend=nv.backend(compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)
     assert len(built) == 1 and "vendor" not in [t.name for t in lowerings.targets()]
 
