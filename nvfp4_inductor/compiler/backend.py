@@ -156,12 +156,12 @@ def example_device(gm: torch.fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
+def plan_for(site: Site, device: torch.device, recipe: Recipe, cudnn: str = "auto") -> Plan:
     """The site's plan (lowerings/policy.py), chosen once; the fused ops run it. The call
     always takes bf16 operands (fp32 ones under bf16 autocast are cast before it)."""
     fc2 = weight_shape(site.fc2_weight)
     return choose_plan(SiteSpec.on(device, site.activation, dtype=torch.bfloat16, hidden=fc2[1], ffn=fc2[2]),
-                       recipe)
+                       recipe, cudnn=cudnn)
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
@@ -194,7 +194,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             counters["nvfp4"]["sites_rewritten"] += 1
             counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
             site_backend_options = options_for_site(site, options, decision)
-            plan = plan_for(site, device, site_backend_options.recipe)
+            plan = plan_for(site, device, site_backend_options.recipe, options.cudnn)
             rewritten.append(site)
             calls.append((site_call or _site_call)(site_backend_options, plan))
             _log_site(site, plan, inside, site_backend_options)

@@ -29,6 +29,8 @@ class Capabilities:
     fused_amax: the fused fc1 kernel's epilogue can emit D's per-group pre- and post-RHT amax.
     fused_amax_activations: the fused activations whose fc1 kernel emits that amax (None: all
         of ``fused_activations``; cuDNN's Hadamard kernel has no tanh clamp, for one).
+    fused_dgrad_activations: the activations whose fused fc2-dgrad kernel runs (None: those of
+        ``fused_activations``); the cudnn self-check turns one off without the other.
     fused_amax_takes_sign_mask: that post-RHT amax uses the quantizer's sign mask (cuDNN's
         SM100 Hadamard kernel uses the unsigned Hadamard: False) (rule 4).
     fused_d_from_stored_c: its fused fc1 kernel computes D from the bf16 C it stores, as the
@@ -42,6 +44,7 @@ class Capabilities:
     fused_activations: frozenset[str] = frozenset()
     fused_amax: bool = False
     fused_amax_activations: Optional[frozenset[str]] = None
+    fused_dgrad_activations: Optional[frozenset[str]] = None
     fused_amax_takes_sign_mask: bool = False
     fused_d_from_stored_c: bool = True
     dtypes: frozenset[torch.dtype] = frozenset({torch.bfloat16})
