@@ -467,7 +467,8 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
 
 
 def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor",
-            trace_launches: bool = True, reuse_weight_casts: bool = False, precision: Optional[Precision] = None):
+            trace_launches: bool = True, reuse_weight_casts: bool = False, precision: Optional[Precision] = None,
+            cudnn: str = "auto"):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
@@ -475,7 +476,7 @@ def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler
     draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
                                        "trace_launches": trace_launches, "reuse_weight_casts": reuse_weight_casts,
-                                       "precision": precision or Precision()})
+                                       "precision": precision or Precision(), "cudnn": cudnn})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
         given = {**{f.name: getattr(configured, f.name) for f in dataclasses.fields(configured)}, **(options or {})}

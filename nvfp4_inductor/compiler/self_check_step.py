@@ -30,7 +30,7 @@ def fused_equals_eager(caps: Capabilities, steps: Callable, device: torch.device
     target = Target(NAME, lambda: table, lambda _device: caps, device_types=(device.type,))
     dgrad = caps.fused_activations if caps.fused_dgrad_activations is None else caps.fused_dgrad_activations
     activations = sorted(caps.fused_activations | dgrad) or ["srelu"]
-    with registered(target):
+    with registered(target), torch.enable_grad():  # the probe may be asked under no_grad
         for activation in activations:
             why = _one_step(activation, device)
             if why:
