@@ -29,8 +29,9 @@ from typing import Optional
 
 import torch
 
-from . import GroupedMLP, backend, compare, grouped_mlp
-from .inspection import format_table
+from .compiler.backend import backend
+from .inspection import compare, format_table
+from .nn import GroupedMLP, grouped_mlp
 from .lowerings import cudnn_sim, get_target, self_check
 from .lowerings.cudnn import capabilities_from_signatures, installed_capabilities, read_signatures, wired
 from .lowerings.reference import STEPS as REFERENCE_STEPS

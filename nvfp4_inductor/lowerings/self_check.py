@@ -52,7 +52,6 @@ import torch
 
 from . import cudnn as cd
 from . import cudnn_sim
-from .reference import STEPS as REFERENCE
 from .target import Capabilities
 
 log = logging.getLogger(__name__)
@@ -189,6 +188,14 @@ def edge_tokens(tokens: int, hidden: int, generator: torch.Generator) -> torch.T
     return x
 
 
+def _reference():
+    """The reference step table, imported when a check runs (importing the package imports
+    no step table)."""
+    from .reference import STEPS
+
+    return STEPS
+
+
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.float().cpu(), want.float().cpu()
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -197,18 +204,18 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def _operands(generator, ffn: int):
     sizes = torch.tensor(GROUP_SIZES)
     tokens, hidden = int(sizes.sum()), 64
-    xq = REFERENCE.group_quantize(edge_tokens(tokens, hidden, generator), sizes)
+    xq = _reference().group_quantize(edge_tokens(tokens, hidden, generator), sizes)
     w = torch.randn(len(GROUP_SIZES), ffn, hidden, generator=generator).bfloat16()
     w[2] = 0.0  # an all-zero expert weight: alpha 0
-    wq = REFERENCE.quantize_weights(w)
+    wq = _reference().quantize_weights(w)
     return xq.rowwise_data, xq.rowwise_scale, xq.rowwise_amax, wq.rowwise_data, wq.rowwise_scale, wq.amax, sizes
 
 
 def _wgrad_operands(generator):
     sizes = torch.tensor(GROUP_SIZES)
     tokens = int(sizes.sum())
-    a = REFERENCE.group_quantize(edge_tokens(tokens, 128, generator), sizes, rowwise=False, columnwise=True)
-    b = REFERENCE.group_quantize(edge_tokens(tokens, 64, generator), sizes, rowwise=False, columnwise=True)
+    a = _reference().group_quantize(edge_tokens(tokens, 128, generator), sizes, rowwise=False, columnwise=True)
+    b = _reference().group_quantize(edge_tokens(tokens, 64, generator), sizes, rowwise=False, columnwise=True)
     return (a.columnwise_data, a.columnwise_scale, a.columnwise_amax, b.columnwise_data, b.columnwise_scale,
             b.columnwise_amax, a.columnwise_offsets)
 
@@ -229,7 +236,7 @@ def _outputs(steps, wrapper, activation, args, probs, c):
 
 def _reference_outputs(wrapper, activation, args, probs, c):
     """What the unfused reference steps give for the same step."""
-    base = REFERENCE
+    base = _reference()
     clamp = TANH_CLAMP if activation == "tanh_srelu" else None
     if wrapper == cd.WGRAD:
         return (base.grouped_gemm_wgrad(*args),)
@@ -280,7 +287,7 @@ def check_case(frontend, device, wrapper: str, activation: Optional[str], seed: 
     on_device = [None if t is None else t.to(device) for t in (probs, c)]
     names = _names(wrapper)
     try:
-        got = _outputs(cd.make_steps(frontend, REFERENCE), wrapper, activation, tuple(t.to(device) for t in cpu),
+        got = _outputs(cd.make_steps(frontend, _reference()), wrapper, activation, tuple(t.to(device) for t in cpu),
                        *on_device)
     except Exception as err:  # noqa: BLE001 - any refusal of the real wrapper is this case's verdict
         return Case(step, wrapper, activation, False, f"{type(err).__name__}: {str(err).splitlines()[0]}")
@@ -288,7 +295,7 @@ def check_case(frontend, device, wrapper: str, activation: Optional[str], seed: 
     found, misses = None, []
     for semantics in candidates:
         sim = cudnn_sim.frontend({wrapper: semantics} if wrapper in cudnn_sim.SEMANTICS else None)
-        miss = _disagreement(names, got, _outputs(cd.make_steps(sim, REFERENCE), wrapper, activation, cpu, probs, c),
+        miss = _disagreement(names, got, _outputs(cd.make_steps(sim, _reference()), wrapper, activation, cpu, probs, c),
                              REL_TOL_SIM, f"the simulator ({semantics})")
         if miss is None:
             found = semantics
