@@ -24,7 +24,7 @@ here:
   wrapper take ``tanh_clamp_scale``), whether the Hadamard wrapper's post-RHT amax can
   take a sign mask (any parameter whose name contains ``sign_mask``; none in 1.32), and
   the kernels' N alignment (64);
-* ``probe``: imports ``cudnn`` lazily, reads the signatures once per process;
+* ``installed_capabilities``: imports ``cudnn`` lazily, reads the signatures once per process;
 * ``describe``: which wrapper each fused step would call, and why (rules 3 and 4 of
   docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``;
 * ``make_steps``: the step table over a frontend's wrappers.
@@ -198,7 +198,7 @@ def wrappers_used(plan, activation: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------
-# The step table over a frontend (the ``cudnn`` package, or ``testing.cudnn_sim``)
+# The step table over a frontend (the ``cudnn`` package, or ``cudnn_sim``)
 
 
 def make_steps(fe, base):
