@@ -37,12 +37,6 @@ def _model(activation="srelu"):
     return mlp, (x, torch.tensor([10, 0, 30]), torch.rand(40, requires_grad=True))
 
 
-def _check_now():
-    """The probe's first call, eagerly: a first call inside a Dynamo trace is not handled yet
-    (the check's own frames get traced; left to do, docs/blackwell.md)."""
-    choose_plan(SiteSpec("srelu", torch.device("cpu")), nv.Recipe())
-
-
 def _grads(mlp, args, compiled):
     torch._dynamo.reset()
     mlp.zero_grad()
@@ -56,9 +50,10 @@ def _grads(mlp, args, compiled):
 
 
 def test_a_passing_check_selects_cudnn_and_explain_says_so():
+    """The probe's first call is inside Dynamo's fake-tensor run of the eager chain's graph
+    node: the check runs outside every dispatch mode, on real tensors."""
     mlp, args = _model()
     with simulated_sm100():
-        _check_now()
         [site] = nv.explain(mlp)(*args).sites
     assert site.target == "cudnn"
     assert f"fc2 dgrad: {cd.DGRAD_SRELU}" in site.reason
@@ -89,7 +84,6 @@ def test_v1_23_dsrelu_is_detected_and_its_step_falls_back(activation):
     reference = _grads(mlp, args, compiled=False)  # CPU: the reference target
     with simulated_sm100(V123_DSRELU), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _check_now()
         [site] = nv.explain(mlp)(*args).sites
         eager = _grads(mlp, args, compiled=False)
         compiled = _grads(mlp, args, compiled=True)
@@ -151,7 +145,6 @@ def test_require_on_a_failed_check_is_a_clear_error():
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(verdict.to_json()))
     with simulated_sm100(stack=stack):
-        _check_now()
         # Dynamo wraps the backend's error (BackendCompilerFailed), keeping its text
         with pytest.raises((NotImplementedError, torch._dynamo.exc.BackendCompilerFailed), match="option cudnn='require': the cudnn target cannot run this srelu "
                                                       "grouped MLP on cpu: .*its self-check on simulated B200 with a "
@@ -165,7 +158,6 @@ def test_require_on_a_failed_check_is_a_clear_error():
 def test_cudnn_off_passes_the_target_over_and_the_option_is_checked():
     mlp, args = _model()
     with simulated_sm100():
-        _check_now()
         [site] = nv.explain(mlp, backend=nv.backend(cudnn="off"))(*args).sites
         assert site.target == "reference"
     with pytest.raises(ValueError, match="option 'cudnn' must be one of \\('auto', 'require', 'off'\\); got 'on'"):

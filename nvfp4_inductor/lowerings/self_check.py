@@ -324,10 +324,20 @@ def register_training_step_check(check: TrainingStepCheck) -> None:
     _TRAINING_STEP_CHECK[:] = [check]
 
 
+@torch.compiler.disable  # real kernels on real tensors, never a compiled frame of its own
 def run(frontend, device: torch.device, stack: Stack, base, caps: Capabilities) -> Verdict:
-    """Every case, then the training step over the restricted table (module docstring)."""
+    """Every case, then the training step over the restricted table (module docstring).
+    Outside every dispatch mode: the eager chain first asks for its plan while Dynamo
+    propagates fake tensors through its graph node (or AOTAutograd traces it), and the check
+    needs real values."""
     from torch._dynamo.utils import counters
+    from torch.utils._python_dispatch import _disable_current_modes
 
+    with _disable_current_modes(), torch.enable_grad():
+        return _run(frontend, device, stack, base, caps, counters)
+
+
+def _run(frontend, device, stack, base, caps, counters) -> Verdict:
     counters["nvfp4"]["cudnn_self_check_runs"] += 1
     start = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
