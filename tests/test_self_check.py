@@ -57,10 +57,10 @@ def test_a_passing_check_selects_cudnn_and_explain_says_so():
         [site] = nv.explain(mlp)(*args).sites
     assert site.target == "cudnn"
     assert f"fc2 dgrad: {cd.DGRAD_SRELU}" in site.reason
-    date = self_check._VERDICTS[SIMULATED_STACK.key()].date[:10]
+    date = self_check.known(SIMULATED_STACK).date[:10]
     for wrapper in (cd.FC1_SRELU, cd.DGRAD_SRELU, cd.GEMM, cd.WGRAD):
         assert f"{wrapper}: self-checked on {SIMULATED_STACK.gpu}, {date}: pass" in site.reason
-    verdict = self_check._VERDICTS[SIMULATED_STACK.key()]
+    verdict = self_check.known(SIMULATED_STACK)
     assert all(c.ok for c in verdict.cases) and verdict.cases[-1].step == "training step"
     assert verdict.case(cd.DGRAD_SRELU, "srelu").semantics == "1.32"
 
@@ -87,7 +87,7 @@ def test_v1_23_dsrelu_is_detected_and_its_step_falls_back(activation):
         [site] = nv.explain(mlp)(*args).sites
         eager = _grads(mlp, args, compiled=False)
         compiled = _grads(mlp, args, compiled=True)
-    verdict = self_check._VERDICTS[SIMULATED_STACK.key()]
+    verdict = self_check.known(SIMULATED_STACK)
     case = verdict.case(cd.DGRAD_SRELU, activation)
     assert not case.ok and case.semantics == "1.23" and "computes v1.23's contract" in case.why
     named = [str(w.message) for w in caught if cd.DGRAD_SRELU in str(w.message)]
@@ -106,7 +106,7 @@ def test_v1_23_hadamard_is_detected():
     with simulated_sm100({cd.FC1_HADAMARD: "1.23"}), pytest.warns(UserWarning, match=cd.FC1_HADAMARD):
         plan = choose_plan(SiteSpec("swiglu", torch.device("cpu")), nv.Recipe(sign_mask=0))
     assert plan.target == "cudnn" and plan.fused_fc1 and not plan.fused_amax
-    case = self_check._VERDICTS[SIMULATED_STACK.key()].case(cd.FC1_HADAMARD, "swiglu")
+    case = self_check.known(SIMULATED_STACK).case(cd.FC1_HADAMARD, "swiglu")
     assert case.semantics == "1.23" and "Hadamard-transformed" in case.why
 
 

@@ -2,14 +2,16 @@
 CPU simulator of its contract (``cudnn_sim``) and the reference steps, once per machine and
 software stack, before any plan names the target (docs/blackwell.md).
 
-    verdict(frontend, device, stack, base)   the cached Verdict, or run() now and cache it
-    run(frontend, device, stack, base)       every Case below, then one training step
+    verdict(frontend, device, stack, base, caps)   the cached Verdict, or run() now and cache it
+    known(stack) / forget()                        this process's verdicts
+    run(frontend, device, stack, base, caps)       every Case below, then one training step
     restricted(caps, verdict)                the target's Capabilities less what failed
 
 Cases (``CASES``), each a step of the cudnn step table (``cudnn.make_steps``) on small
-problems with ragged groups, one of them empty, and the edge values of docs/numerics.md
-section 8 (an all-zero group, an all-zero block, bf16 subnormals, block scales that
-underflow, values that saturate, -0.0), the tanh clamp on (tanh-SReLU) and off (SReLU):
+problems with ragged groups, one of them empty, an all-zero expert weight (alpha 0), and
+the edge values of docs/numerics.md section 8 (an all-zero block, bf16 subnormals, block
+scales that underflow, a block that sets its group's amax, -0.0), the tanh clamp on
+(tanh-SReLU) and off (SReLU):
 
 * the plain grouped GEMM and the wgrad: the target's basis; a failure refuses the target;
 * each fused fc1 / fc2-dgrad wrapper per activation: a failure turns off that fused step
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -76,12 +79,18 @@ class Stack:
     def key(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:24]
 
-    @classmethod
-    def of(cls, device: torch.device) -> "Stack":
-        """The stack of a CUDA device on this machine."""
-        return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
-                   _driver(), torch.__version__, _version("nvidia-cudnn-frontend"), _version("nvidia-cutlass-dsl"),
-                   package_version())
+    @staticmethod
+    def of(device: torch.device) -> "Stack":
+        """The stack of a CUDA device on this machine (read once per device and process: the
+        probe asks at every eager call)."""
+        return _stack_of(str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=None)
+def _stack_of(device: str) -> Stack:
+    return Stack(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)), _driver(),
+                 torch.__version__, _version("nvidia-cudnn-frontend"), _version("nvidia-cutlass-dsl"),
+                 package_version())
 
 
 def _version(dist: str) -> str:
@@ -96,6 +105,7 @@ def _driver() -> str:
     return str(getter()) if getter is not None else "unknown"
 
 
+@functools.lru_cache(maxsize=1)
 def package_version() -> str:
     """This package's version and a hash of its sources (a development tree changes code
     without changing its version)."""
@@ -376,15 +386,14 @@ def cache_path(stack: Stack) -> pathlib.Path:
     return pathlib.Path(cache_dir()) / "nvfp4_inductor" / "cudnn_self_check" / f"{stack.key()}.json"
 
 
-_VERDICTS: dict[str, Verdict] = {}
+_VERDICTS: dict[Stack, Verdict] = {}
 
 
 def verdict(frontend, device: torch.device, stack: Stack, base, caps: Capabilities) -> Verdict:
     """The verdict for `stack`: this process's, else the cached file's, else ``run`` now
     (written to the cache, with one warning per failed case)."""
-    key = stack.key()
-    if key in _VERDICTS:
-        return _VERDICTS[key]
+    if stack in _VERDICTS:
+        return _VERDICTS[stack]
     path = cache_path(stack)
     try:
         found = Verdict.from_json(json.loads(path.read_text()))
@@ -403,8 +412,13 @@ def verdict(frontend, device: torch.device, stack: Stack, base, caps: Capabiliti
                               f"{f' ({case.activation})' if case.activation else ''} disagrees: {case.why}; "
                               + ("its fused step runs unfused" if case.activation else "the cudnn target is off")
                               + f" (verdict: {path})", stacklevel=2)
-    _VERDICTS[key] = found
+    _VERDICTS[stack] = found
     return found
+
+
+def known(stack: Stack) -> Optional[Verdict]:
+    """The verdict this process holds for `stack`, if any."""
+    return _VERDICTS.get(stack)
 
 
 def forget() -> None:
