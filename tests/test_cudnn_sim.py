@@ -1,5 +1,5 @@
 """The cudnn target's step table run over the CPU simulator of the frontend's wrappers
-(testing/cudnn_sim.py), registered through the public registry.
+(lowerings/cudnn_sim.py), registered through the public registry.
 
 What holds, and what does not (each difference is named in cudnn_sim's docstring and in
 docs/numerics.md section 7):

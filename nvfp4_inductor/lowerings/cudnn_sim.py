@@ -1,5 +1,11 @@
 """A CPU simulator of the cuDNN frontend (1.32) grouped-GEMM wrappers the cudnn target calls.
 
+Two uses: CI runs the cudnn step table over it (``nvfp4_inductor.testing``), and the cudnn
+target's self-check (``self_check.py``) compares the real wrappers with it on the user's GPU,
+which is why it lives in the package. ``frontend(semantics)`` gives it as a frontend module
+whose dSReLU or Hadamard fc1 wrapper computes v1.23's published contract instead of 1.32's
+(``SEMANTICS``; the two differ there, and only there, from v1.23's test code).
+
 Each function has the installed wrapper's signature (tests compare them with
 ``inspect.signature`` when the frontend is importable), takes the tensors in the wrapper's
 documented legacy layouts, and computes the contract NVIDIA states for it: the kernels'
