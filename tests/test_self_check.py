@@ -162,16 +162,3 @@ def test_cudnn_off_passes_the_target_over_and_the_option_is_checked():
         assert site.target == "reference"
     with pytest.raises(ValueError, match="option 'cudnn' must be one of \\('auto', 'require', 'off'\\); got 'on'"):
         nv.backend(cudnn="on")
-
-
-def test_check_command_on_the_cpu(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "nvfp4_inductor.check", "--json", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    assert out.returncode == 0, out.stderr
-    assert "[PASS] cudnn over the simulator (CPU): training step: fused ops == eager chain" in out.stdout
-    assert "[skipped] cudnn: self-check and compiled step on the GPU: skipped: no CUDA device" in out.stdout
-    assert "timing at S1, S2 vs BF16" in out.stdout
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert {r["verdict"] for r in report["checks"]} == {"PASS", "skipped", "info"}
-    assert report["environment"]["torch"] == torch.__version__
