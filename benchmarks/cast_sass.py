@@ -99,7 +99,7 @@ def compile_cast(variant: str, groups: int, k_blocks: int | None, k: int = 2048,
         ROW_DEQ=row_deq,
         BLOCK_G=max(_registry.next_power_of_2(groups), 2), BM=cfg.block_m,
         BK=cfg.block_k, K_BLOCKS=cfg.k_blocks, TOKEN_UNROLL=cfg.token_unroll, ACT_IN=act >= 0,
-        ACT=max(act, 0), HAS_PROBS=act >= 0, GPU=True, grid=(1,), **cfg.launch_options())
+        ACT=max(act, 0), GATED=gated, HAS_PROBS=act >= 0, GPU=True, grid=(1,), **cfg.launch_options())
     return compiled.asm["cubin"], cfg
 
 

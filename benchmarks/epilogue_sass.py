@@ -27,6 +27,7 @@ from epilogue_tiles import CONFIGS  # noqa: E402
 from grouped_mlp import SHAPES  # noqa: E402
 
 from nvfp4_inductor.inspection import format_table  # noqa: E402
+from nvfp4_inductor.activations import get_activation  # noqa: E402
 from nvfp4_inductor.kernels.activation import _act_code  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_act import _grouped_gemm_act_kernel  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_dact import _grouped_gemm_dact_kernel  # noqa: E402
@@ -39,7 +40,7 @@ def compile_epilogue(kind: str, activation: str, cfg, shape: str = "S4") -> byte
     groups, _, hidden, ffn, _ = SHAPES[shape]
     bf, f32 = torch.empty(64, 64, dtype=torch.bfloat16), torch.empty(groups)
     sizes = torch.empty(groups, dtype=torch.int64)
-    common = dict(ACT=_act_code(activation), HAS_PROBS=True, GPU=True, BLOCK_G=groups, BM=cfg.block_m,
+    common = dict(ACT=_act_code(activation), GATED=get_activation(activation).gated, HAS_PROBS=True, GPU=True, BLOCK_G=groups, BM=cfg.block_m,
                   BN=cfg.block_n, BK=cfg.block_k, NUM_PROGRAMS=132, NUM_STAGES=cfg.num_stages, EVEN_K=True,
                   TMA=cfg.tma, BAND=cfg.band_m, grid=(1,), num_warps=cfg.num_warps)
     if kind == "act":

@@ -256,7 +256,7 @@ def training_step(fn, args, grad, graphs=False):
 
 
 class Measured(NamedTuple):
-    """One row's measurements; ms first (benchmarks/blackwell_check.py unpacks it)."""
+    """One row's measurements; ms first."""
 
     ms: float
     peak: Optional[int]  # bytes; None where not measured (CPU, graphs on)

@@ -11,7 +11,9 @@
 
 from .compiler.backend import backend, register
 from .compiler.precision import Precision, SiteInfo
+from .compiler.self_check_step import fused_equals_eager
 from .inspection import compare, dump_code, explain
+from .lowerings.self_check import register_training_step_check
 from .nn import GroupedMLP, grouped_mlp
 from .quantize import group_quantize, quantize
 from .recipe import Recipe
@@ -19,6 +21,7 @@ from .tensor import NVFP4GroupedTensor, NVFP4Tensor, NVFP4WeightStack
 from .weight_cache import reuse_weight_casts
 
 register()
+register_training_step_check(fused_equals_eager)  # the cudnn self-check's training step
 
 __all__ = [
     "GroupedMLP",

@@ -1,5 +1,5 @@
 """The cudnn target's step table run over the CPU simulator of the frontend's wrappers
-(testing/cudnn_sim.py), registered through the public registry.
+(lowerings/cudnn_sim.py), registered through the public registry.
 
 What holds, and what does not (each difference is named in cudnn_sim's docstring and in
 docs/numerics.md section 7):
@@ -266,3 +266,22 @@ def test_argument_sets_bind_to_the_wrappers_signatures():
         FE_1_32[name].bind(**kwargs)
         if installed is not None:
             inspect.signature(getattr(installed, name)).bind(**kwargs)
+
+
+@pytest.mark.parametrize("wrapper", sorted(cudnn_sim.SEMANTICS))
+def test_semantics_switch(wrapper):
+    """``frontend(semantics)``: the same signatures; v1.23's contract gives other outputs than
+    1.32's (so the self-check can tell them apart), the default is the module's own."""
+    v123 = cudnn_sim.frontend({wrapper: "1.23"})
+    assert inspect.signature(getattr(v123, wrapper)) == inspect.signature(getattr(cudnn_sim, wrapper))
+    assert cudnn_sim.frontend().grouped_gemm_quant_wrapper_sm100 is cudnn_sim.grouped_gemm_quant_wrapper_sm100
+    args, p = _operands(n=128)
+    if wrapper == cd.DGRAD_SRELU:
+        c = torch.randn(args[0].data.shape[0], 128, dtype=torch.bfloat16)
+        run = lambda fe: cd.make_steps(fe, R).fc2_dgrad_act(*args, c, p, "srelu", None)[0]  # noqa: E731
+    else:
+        run = lambda fe: cd.make_steps(fe, R).fc1_act_amax(*args, p, "srelu", None, UNSIGNED)[1]  # noqa: E731
+    assert torch.equal(run(cudnn_sim.frontend({wrapper: "1.32"})), run(cudnn_sim))
+    assert not torch.equal(run(v123), run(cudnn_sim))
+    with pytest.raises(ValueError, match="semantics must map a wrapper"):
+        cudnn_sim.frontend({wrapper: "1.99"})

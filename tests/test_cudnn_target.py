@@ -17,7 +17,6 @@ import nvfp4_inductor as nv
 from nvfp4_inductor import lowerings
 from nvfp4_inductor.lowerings import SiteSpec, choose_plan
 from nvfp4_inductor.lowerings import cudnn as cd
-from nvfp4_inductor.lowerings import cudnn_target
 from nvfp4_inductor.lowerings.reference import STEPS as REFERENCE_STEPS
 
 ARGS_1_32 = {
@@ -132,7 +131,7 @@ def test_recorded_signatures_are_the_installed_frontends():
 
 def test_registered_first_and_refused_on_this_machine():
     assert [t.name for t in lowerings.targets()][:3] == ["cudnn", "triton", "reference"]
-    reason = cd.probe(torch.device("cuda"))
+    reason = lowerings.get_target("cudnn").probe(torch.device("cuda"))
     assert isinstance(reason, str) and reason.startswith("cudnn: ")
     if importlib.util.find_spec("cudnn") is None:
         assert reason == "cudnn: nvidia-cudnn-frontend is not installed (pip install 'nvfp4_inductor[cudnn]')"
@@ -220,12 +219,10 @@ def test_policy_alignment():
     assert p.target == "reference" and "cudnn needs F % 64 == 0, got F = 96" in p.reason
 
 
-def test_wired_capabilities_and_the_check_target():
+def test_wired_capabilities():
     caps = cd.wired(cd.capabilities_from_signatures(FE_1_32))
     assert caps.fused_activations == {"srelu", "tanh_srelu", "swiglu"}
     assert caps.fused_amax_activations == {"srelu", "swiglu"}
     assert cd.wired(caps, fused=False).fused_activations == frozenset()
-    check = cudnn_target.check_target()
-    assert check.name == "cudnn_check" and check.min_capability == (10, 0) and check.describe is cd.describe
-    if importlib.util.find_spec("cudnn") is None:
-        assert "not installed" in check.probe(torch.device("cuda"))
+    target = lowerings.get_target("cudnn")
+    assert target.min_capability == (10, 0) and target.max_capability == (11, 99)

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(nvfp4_inductor.__file__).parent
 # stands for every module in it.
 LAYERS = [
     ("testing", {"testing"}),
-    ("face", {"__init__", "inspection", "demo"}),
+    ("face", {"__init__", "inspection", "demo", "check"}),
     ("compiler", {"compiler"}),
     ("eager ops", {"nn", "program", "ops", "target_ops", "quantize", "validate", "distributed", "weight_cache"}),
     ("lowerings", {"lowerings"}),

@@ -325,6 +325,7 @@ def test_a_target_added_as_the_architecture_doc_says():
     target = Target("vendor", steps=steps, probe=probe, device_types=("cpu",), describe=cudnn.describe)
 
     # 4. Register it.
+    torch._dynamo.reset()  # sizes other tests compiled would be traced as dynamic
     with lowerings.registered(target, before="reference"):
         p = choose_plan(SiteSpec.on("cpu", "swiglu"), nv.Recipe())
         assert (p.target, p.fused_fc1, p.fused_dgrad) == ("vendor", True, True) and not built
@@ -332,7 +333,9 @@ def test_a_target_added_as_the_architecture_doc_says():
         mlp = nv.GroupedMLP(3, 64, 128, "swiglu")
         args = (torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True), sizes,
                 torch.rand(40, requires_grad=True))
-        [s] = nv.explain(mlp)(*args).sites
+        report = nv.explain(mlp)(*args)
+        assert report.sites, str(report)
+        [s] = report.sites
         assert s.target == "vendor" and cudnn.FC1_GLU in s.reason
         compare = nv.compare(mlp, backend=nv.backend(compiler="aot_eager"))(*args)
         assert compare.bitwise, str(compare)

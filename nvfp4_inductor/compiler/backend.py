@@ -156,12 +156,12 @@ def example_device(gm: torch.fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def plan_for(site: Site, device: torch.device, recipe: Recipe) -> Plan:
+def plan_for(site: Site, device: torch.device, recipe: Recipe, cudnn: str = "auto") -> Plan:
     """The site's plan (lowerings/policy.py), chosen once; the fused ops run it. The call
     always takes bf16 operands (fp32 ones under bf16 autocast are cast before it)."""
     fc2 = weight_shape(site.fc2_weight)
     return choose_plan(SiteSpec.on(device, site.activation, dtype=torch.bfloat16, hidden=fc2[1], ffn=fc2[2]),
-                       recipe)
+                       recipe, cudnn=cudnn)
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=None) -> CompiledGraphRecord:
@@ -194,7 +194,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, options: BackendOptions, site_call=N
             counters["nvfp4"]["sites_rewritten"] += 1
             counters["nvfp4_rewritten_by_spelling"][site.spelling] += 1
             site_backend_options = options_for_site(site, options, decision)
-            plan = plan_for(site, device, site_backend_options.recipe)
+            plan = plan_for(site, device, site_backend_options.recipe, options.cudnn)
             rewritten.append(site)
             calls.append((site_call or _site_call)(site_backend_options, plan))
             _log_site(site, plan, inside, site_backend_options)
@@ -467,7 +467,8 @@ def nvfp4_backend(gm: torch.fx.GraphModule, example_inputs, *, options=None, mod
 
 
 def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler: str = "inductor",
-            trace_launches: bool = True, reuse_weight_casts: bool = False, precision: Optional[Precision] = None):
+            trace_launches: bool = True, reuse_weight_casts: bool = False, precision: Optional[Precision] = None,
+            cudnn: str = "auto"):
     """A configured backend: ``torch.compile(model, backend=nvfp4_inductor.backend(...))``.
     Arguments as ``BackendOptions``; ``options=`` given to torch.compile override them.
     torch.compile's ``mode`` reaches Inductor (``check_mode``): ``mode="reduce-overhead"``
@@ -475,7 +476,7 @@ def backend(*, recipe: Optional[Recipe] = None, recompute: bool = True, compiler
     draws fresh stochastic-rounding seeds on the device (``numerics.draw_seed``)."""
     configured = BackendOptions.parse({"recipe": recipe or Recipe(), "recompute": recompute, "compiler": compiler,
                                        "trace_launches": trace_launches, "reuse_weight_casts": reuse_weight_casts,
-                                       "precision": precision or Precision()})
+                                       "precision": precision or Precision(), "cudnn": cudnn})
 
     def nvfp4_configured(gm, example_inputs, *, options=None, mode=None):
         given = {**{f.name: getattr(configured, f.name) for f in dataclasses.fields(configured)}, **(options or {})}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from ..lowerings.policy import CUDNN_MODES
 from ..recipe import Recipe
 from .precision import Precision
 
@@ -30,7 +31,11 @@ class BackendOptions:
         micro-batches of one optimizer step cast the weights once (``weight_cache.py``). Same
         bits; False (default) casts inside the traced op, with kernels Inductor launches.
     precision: which sites run NVFP4 and with which recipe (``precision.Precision``; default:
-        every site, with ``recipe``); the others stay in BF16, compiled as stock Inductor does."""
+        every site, with ``recipe``); the others stay in BF16, compiled as stock Inductor does.
+    cudnn: the cudnn target (Blackwell, docs/blackwell.md). "auto" (default) plans it where it
+        runs: SM10x with the frontend installed, after its self-check on the GPU passed; "off"
+        passes it over (Triton runs); "require" makes a site it cannot run an error saying why
+        (a failed self-check included). The eager chain always runs "auto"'s choice."""
 
     recipe: Recipe = dataclasses.field(default_factory=Recipe)
     recompute: bool = True
@@ -38,6 +43,7 @@ class BackendOptions:
     trace_launches: bool = True
     reuse_weight_casts: bool = False
     precision: Precision = dataclasses.field(default_factory=Precision)
+    cudnn: str = "auto"
 
     @classmethod
     def parse(cls, options: Optional[dict[str, Any]]) -> "BackendOptions":
@@ -62,4 +68,7 @@ class BackendOptions:
         precision = options.get("precision", Precision())
         if not isinstance(precision, Precision):
             raise ValueError(f"option 'precision' must be an nvfp4_inductor.Precision; got {type(precision).__name__}")
-        return cls(recipe=recipe, recompute=recompute, compiler=compiler, precision=precision, **flags)
+        cudnn = options.get("cudnn", "auto")
+        if cudnn not in CUDNN_MODES:
+            raise ValueError(f"option 'cudnn' must be one of {CUDNN_MODES}; got {cudnn!r}")
+        return cls(recipe=recipe, recompute=recompute, compiler=compiler, precision=precision, cudnn=cudnn, **flags)

@@ -1,23 +1,22 @@
 """The cuDNN frontend target: native NVFP4 on Blackwell (SM10x) through
 ``nvidia-cudnn-frontend``'s CuTe-DSL grouped GEMMs (the ``[cudnn]`` extra).
 
-Status: nothing here has run on a Blackwell GPU. The step table is wired for
-the plain grouped GEMM, the grouped wgrad and the fused SReLU / tanh-SReLU / SwiGLU kernels
-and runs in CI over the CPU simulator (``nvfp4_inductor.testing.cudnn_sim``). The kernels'
-fused epilogues compute something other than our unfused steps (the activation on the fp32
-accumulator: docs/numerics.md section 7), so on this target "eager" means the plan's fused
-kernels (the eager chain runs them too, and compiled == eager holds bitwise), and D is not
-regenerable from the saved C (``fused_d_from_stored_c`` False: rule 5 saves D's column-wise
-copy).
+Status: nothing here has run on a Blackwell GPU in this project's CI (none is lent to it).
+The step table is wired for the plain grouped GEMM, the grouped wgrad and the fused SReLU /
+tanh-SReLU / SwiGLU kernels and runs in CI over the CPU simulator (``cudnn_sim``). The
+kernels' fused epilogues compute something other than our unfused steps (the activation on
+the fp32 accumulator: docs/numerics.md section 7), so on this target "eager" means the plan's
+fused kernels (the eager chain runs them too, and compiled == eager holds bitwise), and D is
+not regenerable from the saved C (``fused_d_from_stored_c`` False: rule 5 saves D's
+column-wise copy).
 
-Until a run on SM100 has checked it, the probe refuses (``STEP_TABLE_READY``) and the
-policy passes the target over; ``cudnn_target.check_target`` registers it explicitly
-(benchmarks/blackwell_check.py). The guard stays: the simulator is written from the
-wrappers' documented contract, so CI proves our wiring against that contract only; whether
-the real wrappers take our layouts (the 128x4 scale swizzle, the 256-row expert padding,
-the GLU interleave, the wgrad's per-expert scale tiles) and keep their contract is what a
-real run must show first. The target (where it runs, as data, and its step table, built
-when it first runs) is declared in ``lowerings/cudnn_target.py``. What is here:
+The simulator is written from the wrappers' documented contract, so CI proves our wiring
+against that contract only; whether the real wrappers take our layouts and keep their
+contract is checked on the user's GPU before the target is chosen: ``probe`` runs the
+self-check (``self_check.py``, cached per machine and software stack) and refuses the target
+where a basis step fails; a fused wrapper that fails turns off its own fused step
+(``self_check.restricted``). The target is declared in ``lowerings/cudnn_target.py``. What is
+here:
 
 * ``capabilities_from_signatures``: a pure function of the installed wrappers'
   ``inspect.signature`` (never a version string): which activations the fused fc1 /
@@ -25,7 +24,7 @@ when it first runs) is declared in ``lowerings/cudnn_target.py``. What is here:
   wrapper take ``tanh_clamp_scale``), whether the Hadamard wrapper's post-RHT amax can
   take a sign mask (any parameter whose name contains ``sign_mask``; none in 1.32), and
   the kernels' N alignment (64);
-* ``probe``: imports ``cudnn`` lazily, reads the signatures once per process;
+* ``installed_capabilities``: imports ``cudnn`` lazily, reads the signatures once per process;
 * ``describe``: which wrapper each fused step would call, and why (rules 3 and 4 of
   docs/numerics.md section 6), appended to the plan's reason by ``choose_plan``;
 * ``make_steps``: the step table over a frontend's wrappers.
@@ -85,12 +84,6 @@ M_ALIGNED = 256  # rows per expert block: the kernels' FIX_PAD_SIZE, the wrapper
 N_ALIGNMENT = 64  # N % 64 == 0 for every fused wrapper (GLU: 2 x 32-column blocks)
 GLU_INTERLEAVE = 32  # gate/up alternate in 32-row blocks of W1 (32-column blocks of C)
 MAX_EXPERTS = 1024
-
-# The step table is wired to the wrappers but checked only against the CPU simulator (the
-# wrappers' documented contract, not the kernels): until a run on an SM100 GPU has checked it
-# (benchmarks/blackwell_check.py), the probe refuses, so no plan names this target on a real
-# device unless check_target registers it.
-STEP_TABLE_READY = False
 
 Signatures = Mapping[str, Union[inspect.Signature, str]]
 
@@ -163,16 +156,6 @@ def wired(caps: Capabilities, fused: bool = True) -> Capabilities:
                                fused_amax_activations=None if amax is None else amax & acts)
 
 
-def probe(device: torch.device) -> Union[Capabilities, str]:
-    caps = installed_capabilities()
-    if isinstance(caps, str):
-        return caps
-    if not STEP_TABLE_READY:
-        return ("cudnn: not selected by default until it has run on an SM100 GPU "
-                "(benchmarks/blackwell_check.py registers it explicitly)")
-    return wired(caps)
-
-
 def fc1_wrapper(activation: str, fused_amax: bool) -> str:
     if fused_amax:
         return FC1_HADAMARD
@@ -185,24 +168,37 @@ def dgrad_wrapper(activation: str) -> str:
 
 def describe(plan, site, recipe) -> str:
     """Which wrapper each fused step calls, and why (appended to the plan's reason)."""
-    if not plan.fused_fc1:
-        return f"cudnn: fc1 and fc2 dgrad through {GEMM}, activation apart; wgrads: {WGRAD}"
     act = site.activation
+    clamp = f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else ""
+    if not plan.fused_fc1 and not plan.fused_dgrad:
+        return f"cudnn: fc1 and fc2 dgrad through {GEMM}, activation apart; wgrads: {WGRAD}"
     if plan.fused_amax:
         mask = "RHT off" if not recipe.rht else (
             "sign mask 0, the unsigned Hadamard it uses" if recipe.sign_mask == 0 else
             f"its sign-mask argument takes {recipe.sign_mask:#06x}")
         fc1 = f"fc1: {FC1_HADAMARD} (act_func={act}), its amax and post-RHT amax feed D's casts ({mask})"
-    else:
-        clamp = f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else ""
+    elif plan.fused_fc1:
         fc1 = (f"fc1: {fc1_wrapper(act, False)}{clamp} (no amax), then our group Hadamard-amax pass with sign "
                f"mask {recipe.sign_mask:#06x}")
-    dgrad = f"fc2 dgrad: {dgrad_wrapper(act)}" + (f" with {TANH_CLAMP_ARG}" if act == "tanh_srelu" else "")
+    else:
+        fc1 = f"fc1: {GEMM}, then the activation"
+    dgrad = f"fc2 dgrad: {dgrad_wrapper(act)}{clamp}" if plan.fused_dgrad else (
+        f"fc2 dgrad: {GEMM}, then the activation backward")
     return f"{fc1}; {dgrad}; fc2 fprop and fc1 dgrad: {GEMM}; wgrads: {WGRAD}"
 
 
+def wrappers_used(plan, activation: str) -> list[str]:
+    """The wrappers a plan calls, in the order ``describe`` names them."""
+    used = []
+    if plan.fused_fc1:
+        used.append(fc1_wrapper(activation, plan.fused_amax))
+    if plan.fused_dgrad:
+        used.append(dgrad_wrapper(activation))
+    return used + [GEMM, WGRAD]
+
+
 # ---------------------------------------------------------------------------------------
-# The step table over a frontend (the ``cudnn`` package, or ``testing.cudnn_sim``)
+# The step table over a frontend (the ``cudnn`` package, or ``cudnn_sim``)
 
 
 def make_steps(fe, base):

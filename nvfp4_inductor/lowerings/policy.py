@@ -104,22 +104,45 @@ def site_mismatch(name: str, caps: Capabilities, site: SiteSpec) -> Optional[str
 
 def plan_with(name: str, caps: Capabilities, site: SiteSpec, recipe: Recipe) -> tuple[Plan, str]:
     """The plan for a site on a target that can run it (rules 3-5), and why."""
-    if site.activation not in caps.fused_activations:
+    fc1 = site.activation in caps.fused_activations
+    dgrad = site.activation in (caps.fused_activations if caps.fused_dgrad_activations is None
+                                else caps.fused_dgrad_activations)
+    if not fc1 and not dgrad:
         why = (f"{name} has no fused kernel for {site.activation}: GEMMs and activation run apart, "
                f"one group Hadamard-amax pass over D")
         return Plan(name, False, False, False, ""), why
-    fused_amax, why = fused_amax_allowed(name, caps, recipe, site.activation)
+    if fc1:
+        fused_amax, why = fused_amax_allowed(name, caps, recipe, site.activation)
+    else:
+        fused_amax, why = False, f"{name}'s fused fc1 is off for {site.activation}: GEMM, then the activation"
+    if not dgrad:
+        why += f"; {name}'s fused fc2 dgrad is off for {site.activation}: GEMM, then the activation backward"
     if not caps.fused_d_from_stored_c:
-        why += (f"; {name}'s fused fc1 does not make D from the bf16 C it stores, so the backward cannot "
+        why += (f"; {name}'s fused kernels do not make D from the bf16 C it stores, so the backward cannot "
                 "rebuild D from the saved C: D's column-wise copy is saved, recompute or not")
-    return Plan(name, True, fused_amax, True, "", d_regenerable=caps.fused_d_from_stored_c), why
+    return Plan(name, fc1, fused_amax, dgrad, "", d_regenerable=caps.fused_d_from_stored_c), why
 
 
-def choose_plan(site: SiteSpec, recipe: Recipe, candidates: Optional[Sequence[Target]] = None) -> Plan:
+CUDNN_MODES = ("auto", "require", "off")
+
+
+def choose_plan(site: SiteSpec, recipe: Recipe, candidates: Optional[Sequence[Target]] = None,
+                cudnn: str = "auto") -> Plan:
     """The first target (in preference order; default: the registry's) that runs on the
     site's device and can run the site, with its fused-kernel decisions and a reason a
     person can read. Raises when none can (the reference runs everywhere, so only a
-    registry without it can get there)."""
+    registry without it can get there). `cudnn` (the backend option): "auto" takes the
+    cudnn target where it runs (on SM10x after its self-check passed); "off" passes it over;
+    "require" raises NotImplementedError, with the reason, where the plan is not cudnn's."""
+    if cudnn not in CUDNN_MODES:
+        raise ValueError(f"cudnn must be one of {CUDNN_MODES}; got {cudnn!r}")
+    if cudnn != "auto":
+        plan = choose_plan(site, recipe, [t for t in (registry.targets() if candidates is None else candidates)
+                                          if t.name != "cudnn"] if cudnn == "off" else candidates)
+        if cudnn == "require" and plan.target != "cudnn":
+            raise NotImplementedError(f"option cudnn='require': the cudnn target cannot run this {site.activation} "
+                                      f"grouped MLP on {site.device}: {plan.reason}")
+        return plan
     skipped = []
     for target in registry.targets() if candidates is None else candidates:
         caps = _capabilities(target, site.device.type, site.capability, site.device)

@@ -7,7 +7,7 @@
     get_target(name)                       one, by name (ValueError naming the known ones)
 
 Built in: ``cudnn`` (nvidia-cudnn-frontend's NVFP4 grouped GEMMs, CUDA SM100+; its probe
-refuses until a run on an SM100 GPU has checked it, ``lowerings/cudnn.py``), then ``triton`` (this
+runs its self-check on the GPU first, ``lowerings/self_check.py``), then ``triton`` (this
 package's Triton kernels, CUDA SM80+), then ``reference`` (pure PyTorch, every device; the
 definition every other target is tested against).
 """

@@ -29,6 +29,8 @@ class Capabilities:
     fused_amax: the fused fc1 kernel's epilogue can emit D's per-group pre- and post-RHT amax.
     fused_amax_activations: the fused activations whose fc1 kernel emits that amax (None: all
         of ``fused_activations``; cuDNN's Hadamard kernel has no tanh clamp, for one).
+    fused_dgrad_activations: the activations whose fused fc2-dgrad kernel runs (None: those of
+        ``fused_activations``); the cudnn self-check turns one off without the other.
     fused_amax_signed_hadamard: that post-RHT amax is of the signed Hadamard, the recipe's
         signs applied (cuDNN's SM100 Hadamard kernel uses the unsigned one: False) (rule 4).
     fused_d_from_stored_c: its fused fc1 kernel computes D from the bf16 C it stores, as the
@@ -42,6 +44,7 @@ class Capabilities:
     fused_activations: frozenset[str] = frozenset()
     fused_amax: bool = False
     fused_amax_activations: Optional[frozenset[str]] = None
+    fused_dgrad_activations: Optional[frozenset[str]] = None
     fused_amax_signed_hadamard: bool = False
     fused_d_from_stored_c: bool = True
     dtypes: frozenset[torch.dtype] = frozenset({torch.bfloat16})

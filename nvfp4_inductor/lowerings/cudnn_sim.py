@@ -1,5 +1,11 @@
 """A CPU simulator of the cuDNN frontend (1.32) grouped-GEMM wrappers the cudnn target calls.
 
+Two uses: CI runs the cudnn step table over it (``nvfp4_inductor.testing``), and the cudnn
+target's self-check (``self_check.py``) compares the real wrappers with it on the user's GPU,
+which is why it lives in the package. ``frontend(semantics)`` gives it as a frontend module
+whose dSReLU or Hadamard fc1 wrapper computes v1.23's published contract instead of 1.32's
+(``SEMANTICS``; the two differ there, and only there, from v1.23's test code).
+
 Each function has the installed wrapper's signature (tests compare them with
 ``inspect.signature`` when the frontend is importable), takes the tensors in the wrapper's
 documented legacy layouts, and computes the contract NVIDIA states for it: the kernels'
@@ -42,9 +48,11 @@ What the kernels compute that our contract (docs/numerics.md) does not:
 
 from __future__ import annotations
 
-from typing import Optional
-
 import enum
+import functools
+import inspect
+import types
+from typing import Optional
 
 import torch
 
@@ -218,22 +226,39 @@ def grouped_gemm_glu_hadamard_wrapper_sm100(a_tensor, sfa_tensor, padded_offsets
                                             use_dynamic_sched=False, use_tmem_post_rht_amax=False,
                                             current_stream=None):
     """As the srelu wrapper, plus post_rht_amax[e] = max |(D_bf16^T H16 over 16-token runs) * 0.25|
-    (unsigned Hadamard, no sign mask); amaxes start at 0."""
-    _check(a_tensor, m_aligned, sf_vec_size)
+    (unsigned Hadamard, no sign mask); amaxes start at 0 (1.32's code;
+    ``frontend(glu_hadamard="1.23")`` gives v1.23's)."""
+    return _glu_hadamard(locals(), "1.32")
+
+
+def _glu_hadamard(args: dict, semantics: str):
+    """The Hadamard fc1 in `semantics`: "1.32" (plain D, D's amax before the RHT, and a separate
+    token-direction post-RHT amax x 0.25) or "1.23" (v1.23's test reference: D is stored
+    transformed along its features, in 16-column runs times H16 x 0.25, and both amaxes are of
+    that transformed D)."""
+    _check(args["a_tensor"], args["m_aligned"], args["sf_vec_size"])
+    act_func, padded_offsets = args["act_func"], args["padded_offsets"]
     if act_func not in ("srelu", "swiglu"):
         raise NotImplementedError(f"the simulator runs act_func 'srelu' and 'swiglu', not {act_func!r}")
-    c32 = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor)
-    d32 = _srelu(c32, prob_tensor, None) if act_func == "srelu" else _swiglu(c32, prob_tensor)
-    d = d32.to(d_dtype or torch.bfloat16)
-    post = torch.zeros(len(padded_offsets), 1)
+    c32 = _grouped_acc(args["a_tensor"], args["b_tensor"], args["sfa_tensor"], args["sfb_tensor"], padded_offsets,
+                       args["alpha_tensor"])
+    d32 = _srelu(c32, args["prob_tensor"], None) if act_func == "srelu" else _swiglu(c32, args["prob_tensor"])
+    d_dtype, c_dtype = args["d_dtype"] or torch.bfloat16, args["c_dtype"] or torch.bfloat16
     h = hadamard16()
+    if semantics == "1.23":
+        d32 = (d32.reshape(d32.shape[0], -1, 16) @ h).reshape(d32.shape) * 0.25
+        amax = _expert_amax(d32, padded_offsets, 0.0)
+        return TupleDict(c_tensor=c32.to(c_dtype).unsqueeze(-1), d_tensor=d32.to(d_dtype).unsqueeze(-1),
+                         amax_tensor=amax, post_rht_amax_tensor=amax.clone())
+    d = d32.to(d_dtype)
+    post = torch.zeros(len(padded_offsets), 1)
     start = 0
     for e, end in enumerate(padded_offsets.tolist()):
         if end > start:
             runs = d[start:end].float().t().reshape(d.shape[1], -1, 16)
             post[e, 0] = ((runs @ h) * 0.25).abs().max()
         start = end
-    return TupleDict(c_tensor=c32.to(c_dtype or torch.bfloat16).unsqueeze(-1), d_tensor=d.unsqueeze(-1),
+    return TupleDict(c_tensor=c32.to(c_dtype).unsqueeze(-1), d_tensor=d.unsqueeze(-1),
                      amax_tensor=_expert_amax(d32, padded_offsets, 0.0), post_rht_amax_tensor=post)
 
 
@@ -246,26 +271,39 @@ def grouped_gemm_dsrelu_wrapper_sm100(a_tensor, b_tensor=None, c_tensor=None, sf
                                       use_dynamic_sched=False, use_dsrelu_reuse=False, deterministic=None,
                                       tanh_clamp_scale=None, current_stream=None):
     """g = alpha * acc (fp32); dA = g * f'(C) * prob; dprob += sum_n f(C) * g; with
-    use_dsrelu_reuse also d_srelu = f(C) * prob (the forward's expression) in d_dtype."""
-    _check(a_tensor, m_aligned, sf_vec_size, c_tensor)
-    g = _grouped_acc(a_tensor, b_tensor, sfa_tensor, sfb_tensor, padded_offsets, alpha_tensor)
+    use_dsrelu_reuse also d_srelu = f(C) * prob (the forward's expression) in d_dtype
+    (1.32's docstring; ``frontend(dsrelu="1.23")`` gives v1.23's reading)."""
+    return _dsrelu(locals(), "1.32")
+
+
+def _dsrelu(args: dict, semantics: str):
+    """dSReLU in `semantics`: "1.32" (the 1.32 docstring: C is the saved pre-activation, the
+    GEMM the upstream gradient: ``2 * relu(C) * alpha * GEMM * prob``) or "1.23" (v1.23's test
+    reference with its kernel's single alpha: the GEMM is the pre-activation, C the upstream
+    gradient: ``2 * relu(alpha * GEMM) * C * prob``, dprob from f(alpha * GEMM) * C)."""
+    _check(args["a_tensor"], args["m_aligned"], args["sf_vec_size"], args["c_tensor"])
+    g = _grouped_acc(args["a_tensor"], args["b_tensor"], args["sfa_tensor"], args["sfb_tensor"],
+                     args["padded_offsets"], args["alpha_tensor"])
+    c_tensor, prob_tensor, clamp = args["c_tensor"], args["prob_tensor"], args["tanh_clamp_scale"]
     c = c_tensor.view(c_tensor.shape[0], -1).float()
+    if semantics == "1.23":
+        g, c = c, g  # the roles swap: the GEMM is the pre-activation, C the upstream gradient
     p = prob_tensor.view(-1, 1).float()
-    if tanh_clamp_scale is None:
+    if clamp is None:
         r = torch.relu(c)
         da = ((g * r) * 2.0) * p
         f = r * r
     else:
-        s = torch.tensor(tanh_clamp_scale, dtype=torch.float32)
-        t = torch.tanh(c * torch.tensor(1.0 / tanh_clamp_scale, dtype=torch.float32)).clamp(0.0, 1.0)
+        s = torch.tensor(clamp, dtype=torch.float32)
+        t = torch.tanh(c * torch.tensor(1.0 / clamp, dtype=torch.float32)).clamp(0.0, 1.0)
         cc = s * t
         da = (((g * cc) * 2.0) * (1.0 - t * t)) * p
         f = cc * cc
-    dprob = dprob_tensor if dprob_tensor is not None else torch.zeros(c.shape[0], 1, 1)
+    dprob = args["dprob_tensor"] if args["dprob_tensor"] is not None else torch.zeros(c.shape[0], 1, 1)
     dprob += (f * g).sum(dim=1).view(-1, 1, 1)
-    d_srelu = _srelu(c, prob_tensor, tanh_clamp_scale).to(d_dtype or torch.bfloat16).unsqueeze(-1) if (
-        use_dsrelu_reuse) else None
-    return TupleDict(d_row_tensor=da.to(d_dtype or torch.bfloat16).unsqueeze(-1), d_col_tensor=None,
+    d_dtype = args["d_dtype"] or torch.bfloat16
+    d_srelu = _srelu(c, prob_tensor, clamp).to(d_dtype).unsqueeze(-1) if args["use_dsrelu_reuse"] else None
+    return TupleDict(d_row_tensor=da.to(d_dtype).unsqueeze(-1), d_col_tensor=None,
                      d_srelu_tensor=d_srelu, dprob_tensor=dprob, dbias_tensor=None, amax_tensor=None,
                      sfd_row_tensor=None, sfd_col_tensor=None)
 
@@ -390,3 +428,51 @@ def grouped_gemm_wgrad_wrapper_sm100(a_tensor, b_tensor, sfa_tensor, sfb_tensor,
             out[e] = torch.einsum("mt,nt->mn", a_e, b_e) * (global_scale_a[e].float() * global_scale_b[e].float())
         start = end
     return TupleDict(wgrad_tensor=out.to(wgrad_dtype or torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------
+# Semantics: the two wrappers whose contract changed between the frontend's releases
+
+# wrapper -> (its semantics, in the order the self-check tries them; the first is 1.32's)
+SEMANTICS = {
+    "grouped_gemm_dsrelu_wrapper_sm100": ("1.32", "1.23"),
+    "grouped_gemm_glu_hadamard_wrapper_sm100": ("1.32", "1.23"),
+}
+SEMANTICS_TEXT = {
+    "grouped_gemm_dsrelu_wrapper_sm100": {
+        "1.32": "2 * relu(C) * alpha * GEMM * prob, C the saved pre-activation",
+        "1.23": "2 * relu(alpha * GEMM) * C * prob, C the upstream gradient"},
+    "grouped_gemm_glu_hadamard_wrapper_sm100": {
+        "1.32": "plain D, D's amax before the RHT, a token-direction post-RHT amax x 0.25",
+        "1.23": "D stored Hadamard-transformed along its features, amax of that"},
+}
+_IMPLS = {"grouped_gemm_dsrelu_wrapper_sm100": _dsrelu, "grouped_gemm_glu_hadamard_wrapper_sm100": _glu_hadamard}
+
+
+def frontend(semantics: Optional[dict] = None) -> types.SimpleNamespace:
+    """The simulator as a frontend module whose wrappers in `semantics` ({wrapper name:
+    "1.32" | "1.23"}; default: every one 1.32's) compute that release's contract, with the
+    same signatures: a stand-in for a frontend that computes the other contract."""
+    semantics = dict(semantics or {})
+    unknown = {k: v for k, v in semantics.items() if v not in SEMANTICS.get(k, ())}
+    if unknown:
+        raise ValueError(f"semantics must map a wrapper of {sorted(SEMANTICS)} to one of its semantics "
+                         f"{SEMANTICS}; got {unknown}")
+    module = globals()
+    names = [n for n in module if n.endswith("_wrapper_sm100")] + ["WGradInputOrder"]
+    out = types.SimpleNamespace(**{n: module[n] for n in names})
+    for name, which in semantics.items():
+        setattr(out, name, _with_semantics(module[name], _IMPLS[name], which))
+    return out
+
+
+def _with_semantics(public, impl, semantics: str):
+    signature = inspect.signature(public)
+
+    @functools.wraps(public)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return impl(dict(bound.arguments), semantics)
+
+    return wrapper

@@ -1,0 +1,34 @@
+"""``python -m nvfp4_inductor.check`` (nvfp4_inductor/check.py) on this machine (CPU): it runs
+the self-check over the simulator, says what it skipped and why, writes its JSON, exits 0."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from nvfp4_inductor import lowerings
+from nvfp4_inductor.check import cudnn_unregistered
+
+
+def test_check_command_on_the_cpu(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "nvfp4_inductor.check", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.returncode == 0, out.stderr
+    assert "[PASS] cudnn over the simulator (CPU): training step: fused ops == eager chain" in out.stdout
+    assert "[skipped] cudnn: self-check and compiled step on the GPU: skipped: no CUDA device" in out.stdout
+    assert "timing at S1, S2 vs BF16" in out.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {r["verdict"] for r in report["checks"]} == {"PASS", "skipped", "info"}
+    assert report["environment"]["torch"] == torch.__version__
+
+
+def test_the_triton_comparison_runs_without_the_cudnn_target():
+    before = [t.name for t in lowerings.targets()]
+    with cudnn_unregistered(True):
+        assert "cudnn" not in [t.name for t in lowerings.targets()]
+    with cudnn_unregistered(False):
+        assert [t.name for t in lowerings.targets()] == before
+    assert [t.name for t in lowerings.targets()] == before
