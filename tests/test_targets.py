@@ -144,6 +144,13 @@ def counting_target(name, counts, caps, **step_options):
 MASKLESS = Capabilities(fused_activations=ALL, fused_amax=True, fused_amax_signed_hadamard=False)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch: sizes that other tests of this process compiled
+    would otherwise be traced as dynamic, and dynamic weight sizes are not rewritten."""
+    torch._dynamo.reset()
+
+
 def _model(activation="swiglu", recipe=None):
     torch.manual_seed(0)
     mlp = nv.GroupedMLP(4, 32, 48, activation, recipe=recipe)
@@ -325,7 +332,6 @@ def test_a_target_added_as_the_architecture_doc_says():
     target = Target("vendor", steps=steps, probe=probe, device_types=("cpu",), describe=cudnn.describe)
 
     # 4. Register it.
-    torch._dynamo.reset()  # sizes other tests compiled would be traced as dynamic
     with lowerings.registered(target, before="reference"):
         p = choose_plan(SiteSpec.on("cpu", "swiglu"), nv.Recipe())
         assert (p.target, p.fused_fc1, p.fused_dgrad) == ("vendor", True, True) and not built
