@@ -19,8 +19,15 @@ and its host time (from the second process). The timed first step includes the
 (``<row>_cold.prof``, ``<row>_cached.prof``, for pstats or snakeviz) and prints the cached
 step's 30 slowest functions by own time.
 
+``--phases`` prints, per row, where the cold first step went: the compile phases torch times
+itself (``dynamo_timed``: Dynamo, AOTAutograd, Inductor's lowering, code generation, the wait
+on its compile workers; summed over graphs, nested phases inside their parents), and a
+timeline of the Triton cache: when each kernel's binary and each launcher library was
+written, in seconds from the process's start (which kernels finish last, and whether the
+launchers are built one after another).
+
     python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
-        [--only NAME ...] [--profile DIR] [--device cuda|cpu] [--compiler inductor|aot_eager]
+        [--only NAME ...] [--profile DIR] [--phases] [--device cuda|cpu] [--compiler inductor|aot_eager]
 
 ``--device cpu --shape tiny --compiler aot_eager --layers 1 2`` is the CPU smoke run
 (tests/test_benchmark_grouped_mlp_smoke.py).
@@ -46,7 +53,7 @@ import torch  # noqa: E402
 import grouped_mlp as gm  # noqa: E402
 import nvfp4_inductor as nv  # noqa: E402
 from nvfp4_inductor.inspection import format_table  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
+from torch._dynamo.utils import compilation_time_metrics, counters  # noqa: E402
 
 HEADERS = ["implementation", "layers", "first s", "cached s", "s per layer", "analyses (reused)", "warm ms", "host ms"]
 
@@ -96,7 +103,21 @@ def measure(run, backend, layers, shape, activation, device, profile_to=None):
         profiler.dump_stats(profile_to)
     first = time.perf_counter() - start
     analyses = f'{counters["nvfp4"]["launch_analyses"]} ({counters["nvfp4"]["launch_analyses_reused"]})'
-    return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device)
+    phases = {name: sum(times) for name, times in compilation_time_metrics.items()}
+    return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device), phases
+
+
+def triton_cache_timeline(triton_dir: str, started: float) -> list[list[str]]:
+    """(seconds from `started`, kind, name) of every kernel binary and launcher library in a
+    Triton cache directory, by the time its file was written."""
+    rows = []
+    for entry in os.scandir(triton_dir) if os.path.isdir(triton_dir) else ():
+        for f in os.scandir(entry.path):
+            if f.name.endswith(".so"):
+                rows.append((f.stat().st_mtime - started, "launcher", f.name))
+            elif f.name.endswith((".cubin", ".hsaco")):
+                rows.append((f.stat().st_mtime - started, "kernel", f.name.rsplit(".", 1)[0]))
+    return [[f"{t:.1f}", kind, name] for t, kind, name in sorted(rows)]
 
 
 def profile_path(directory: str, name: str, layers: int, run: str) -> str:
@@ -121,6 +142,15 @@ def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def print_phases(name: str, layers: int, phases: dict, timeline: list[list[str]]) -> None:
+    top = sorted(phases.items(), key=lambda item: -item[1])[:25]
+    print(f"[{name}] layers {layers}: cold first step, torch's compile phases (s, summed over graphs)\n"
+          + format_table(["phase", "s"], [[phase, f"{s:.2f}"] for phase, s in top]), flush=True)
+    print(f"[{name}] layers {layers}: cold first step, Triton cache written (s from the process's start)\n"
+          + (format_table(["s", "what", "name"], timeline) if timeline else "(nothing: no Triton kernel compiled)"),
+          flush=True)
+
+
 def main(argv=None) -> list[list[str]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 4, 8])
@@ -130,6 +160,8 @@ def main(argv=None) -> list[list[str]]:
     ap.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="implementations to run (default: all)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile every first step into DIR (.prof files)")
+    ap.add_argument("--phases", action="store_true",
+                    help="print each row's cold compile phases and its Triton cache timeline")
     ap.add_argument("--profile-to", help=argparse.SUPPRESS)  # a child's profile file
     ap.add_argument("--row", type=int, nargs=2, metavar=("INDEX", "LAYERS"), help=argparse.SUPPRESS)  # a child
     args = ap.parse_args(argv)
@@ -142,9 +174,9 @@ def main(argv=None) -> list[list[str]]:
         ap.error(f"--only: unknown implementation(s) {sorted(unknown)}; choose from {[name for name, _ in impls]}")
     if args.row:
         (_, (run, backend)), layers = impls[args.row[0]], args.row[1]
-        first, analyses, warm, host = measure(run, backend, layers, args.shape, args.activation, args.device,
-                                              args.profile_to)
-        print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host)))
+        first, analyses, warm, host, phases = measure(run, backend, layers, args.shape, args.activation,
+                                                      args.device, args.profile_to)
+        print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases)))
         return []
     print(gm.machine_line(args.device), flush=True)
     rows = []
@@ -154,7 +186,11 @@ def main(argv=None) -> list[list[str]]:
         one = None
         for layers in sorted(args.layers):
             with tempfile.TemporaryDirectory() as cache_dir:
+                started = time.time()
                 cold = run_row(index, layers, args, cache_dir, profile_path(args.profile, name, layers, "cold"))
+                if args.phases:
+                    print_phases(name, layers, cold["phases"],
+                                 triton_cache_timeline(os.path.join(cache_dir, "triton"), started))
                 profile_to = profile_path(args.profile, name, layers, "cached")
                 cached = run_row(index, layers, args, cache_dir, profile_to)
             if profile_to:
