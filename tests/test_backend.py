@@ -796,3 +796,67 @@ def test_compiled_autograd_changes_no_bit():
         grads.append([x.grad] + [p.grad for p in model.parameters()])
     for i, (plain, captured) in enumerate(zip(*grads, strict=True)):
         assert_bytes_equal(captured, plain, f"compiled autograd, gradient {i}")
+
+
+def _graph_with(device: str, launch: bool) -> torch.fx.Graph:
+    """A post-grad graph: one placeholder on `device` (a fake tensor, as Inductor's), and a
+    traced launch of a Triton kernel or a plain op."""
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(4, device=device)
+    graph.call_function(triton_kernel_wrapper_mutation if launch else torch.ops.aten.relu.default, (x,))
+    graph.output(())
+    return graph
+
+
+@pytest.mark.parametrize("device, launch, waits", [("cuda", True, True), ("cpu", True, False), ("cuda", False, False)])
+def test_a_gpu_graph_with_our_launches_waits_for_the_compile_workers(monkeypatch, device, launch, waits):
+    """Before Inductor generates the code of a graph that launches our kernels on a GPU, the
+    post-grad pass waits for Inductor's compile workers (else our kernels compile in this
+    process one after another); graphs on the CPU or without launches never wait."""
+    from nvfp4_inductor.compiler import backend
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    waited = []
+    monkeypatch.setattr(backend, "wait_for_compile_workers", lambda: waited.append(1))
+    backend.inductor_patches(None, BackendOptions.parse({}))["post_grad_custom_post_pass"](_graph_with(device, launch))
+    assert waited == ([1] if waits else [])
+
+
+def test_a_pool_that_does_not_start_leaves_the_compile_in_this_process(monkeypatch, caplog):
+    from torch._inductor.async_compile import AsyncCompile
+
+    from nvfp4_inductor.compiler import backend
+
+    def times_out(timeout=120):
+        raise TimeoutError("no worker answered")
+
+    monkeypatch.setattr(AsyncCompile, "wait_pool_ready", staticmethod(times_out))
+    with caplog.at_level("INFO", logger="nvfp4_inductor"):
+        backend.wait_for_compile_workers()
+    assert "compile workers did not start (no worker answered)" in caplog.text
+
+
+@pytest.mark.parametrize("device, compiler, starts", [("cuda", "inductor", True), ("cpu", "inductor", False),
+                                                      ("cuda", "aot_eager", False)])
+def test_the_compile_workers_start_when_a_gpu_graph_reaches_inductor(monkeypatch, device, compiler, starts):
+    """As the stock "inductor" backend does when Dynamo first calls it; never for graphs on the
+    CPU or compiled without Inductor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvfp4_inductor.compiler import backend
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    started = []
+    monkeypatch.setattr(backend, "start_compile_workers", lambda: started.append(1))
+    monkeypatch.setattr(backend, "rewrite_graph", lambda gm, options: None)
+    monkeypatch.setattr(backend, "warn_rejections", lambda record: None)
+    monkeypatch.setattr(backend, "compile_rewritten", lambda gm, inputs, options, mode=None: "compiled")
+    with FakeTensorMode():
+        inputs = [torch.empty(4, device=device)]
+    assert backend.compile_graph(None, inputs, BackendOptions.parse({"compiler": compiler})) == "compiled"
+    assert started == ([1] if starts else [])

@@ -98,6 +98,27 @@ class _HoistSiteRecompute(_ChainedPass):
         hoist_site_recompute(graph)
 
 
+class _WaitForCompileWorkers(_ChainedPass):
+    """The last post-grad pass of a graph that launches our kernels on a GPU: wait until
+    Inductor's compile workers are up before Inductor generates the graph's code. Our
+    kernels are the graph's largest (a second or more each to compile); asked for while the
+    pool still starts, they compile in this process one after another (one S3 layer's
+    forward on an H100: kernels finishing over ~6 s, one at a time, 2026-12-06), where the
+    workers compile them side by side. A post-grad pass runs only where Inductor compiles
+    the graph, never for one its cache serves, so a warm start does not wait."""
+
+    def run(self, graph: torch.fx.Graph) -> None:
+        from torch._higher_order_ops.triton_kernel_wrap import (triton_kernel_wrapper_functional,
+                                                                triton_kernel_wrapper_mutation)
+
+        launches = any(node.target in (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)
+                       for node in graph.nodes)
+        on_gpu = any(isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].device.type == "cuda"
+                     for node in graph.find_nodes(op="placeholder"))
+        if launches and on_gpu:
+            wait_for_compile_workers()
+
+
 class _RecomputeEmptyPlaceholders(_ChainedPass):
     """A joint-graph pass (before the min-cut partition, under either compiler) that marks
     every empty tensor made from nothing -- the zero-size stand-ins our op bodies pass for a
@@ -300,6 +321,9 @@ def check_mode(mode: Optional[str], options: BackendOptions) -> None:
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
     check_mode(mode, options)
+    if options.compiler == "inductor" and any(
+            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+        start_compile_workers()
     warn_rejections(rewrite_graph(gm, options))
     return compile_rewritten(gm, example_inputs, options, mode=mode)
 
@@ -395,7 +419,8 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     it; the Python wrapper where the graph's fused ops are `traced` as launches and the
     user set Inductor's C++ wrapper (``CPP_WRAPPER_REFUSED`` says why; seen on the H200 with
     torch 2.11, docs/decisions.md "Host time", and 2.13's wrapper sizes the scratch the same
-    way); this package's hash in Inductor's cache keys (``_ChainedPass``); zero-size
+    way); this package's hash in Inductor's cache keys (``_ChainedPass``); the compile
+    workers up before our kernels compile (``_WaitForCompileWorkers``); zero-size
     stand-in tensors made again in the backward, not saved
     (``_RecomputeEmptyPlaceholders``); each checkpointed site's recompute run before its
     backward (``_HoistSiteRecompute``); the user's own joint and post-grad passes run after
@@ -412,7 +437,8 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     if traced and config.cpp_wrapper:
         warnings.warn(CPP_WRAPPER_REFUSED, stacklevel=2)
         patches["cpp_wrapper"] = False
-    patches["post_grad_custom_post_pass"] = _HoistSiteRecompute(then=config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = _HoistSiteRecompute(
+        then=_WaitForCompileWorkers(then=config.post_grad_custom_post_pass))
     patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
     patches["unsafe_marked_cacheable_functions"] = {
         **config.unsafe_marked_cacheable_functions,
@@ -420,6 +446,33 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
             f"{_package_hash().hex()} trace_launches={options.trace_launches}",
     }
     return patches
+
+
+def start_compile_workers() -> None:
+    """Start Inductor's pool of compile worker processes now, as the stock "inductor"
+    backend does when Dynamo first calls it (``maybe_warm_pool``): the pool takes seconds
+    to start, and until it is up Inductor compiles every kernel in this process, one after
+    another (``AsyncCompile.use_process_pool``)."""
+    from torch._inductor.async_compile import maybe_warm_pool
+
+    maybe_warm_pool()
+
+
+def wait_for_compile_workers() -> None:
+    """Wait until Inductor's compile workers are up (``_WaitForCompileWorkers`` says when).
+    A pool that does not come up within Inductor's timeout leaves Inductor to compile in
+    this process, as it would anyway."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    start = time.perf_counter()
+    try:
+        AsyncCompile.wait_pool_ready()
+    except Exception as error:  # noqa: BLE001 -- Inductor then compiles in this process, as before
+        log.info("nvfp4: Inductor's compile workers did not start (%s); kernels compile in this process", error)
+        return
+    waited = time.perf_counter() - start
+    if waited > 0.1:
+        log.info("nvfp4: waited %.1f s for Inductor's compile workers to start", waited)
 
 
 def _inner_compile(*args, **kwargs):
@@ -431,8 +484,8 @@ def _inner_compile(*args, **kwargs):
     launches, names = traced_kernels(args[0])
     if names:
         log.info("nvfp4: Inductor compiles the %s graph with %d launches of %d Triton kernels of ours; a cold "
-                 "compile takes tens of seconds (~30 s for one layer's first step on an H100 or H200), a later "
-                 "process loads them from Inductor's and Triton's caches", which, launches, len(names))
+                 "compile takes seconds to tens of seconds, a later process loads them from Inductor's and "
+                 "Triton's caches", which, launches, len(names))
         log.debug("nvfp4: the %s graph's Triton kernels: %s", which, ", ".join(sorted(names)))
     start = time.perf_counter()
     with launches_analysed_once():
