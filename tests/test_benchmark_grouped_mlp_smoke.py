@@ -197,6 +197,22 @@ def test_compile_time_benchmark_runs_on_cpu():
         compile_time.main(["--device", "cpu", "--layers", "0"])
 
 
+def test_compile_time_phases_list_the_triton_cache_by_time(tmp_path):
+    """compile_time.py --phases: every kernel binary and launcher library of a Triton cache
+    directory, by the time it was written, relative to the process's start."""
+    import compile_time
+
+    for name, kind, written in [("a1", "_cast_kernel.cubin", 30.0), ("b2", "__triton_launcher.so", 20.0),
+                                ("c3", "_cast_kernel.json", 10.0)]:
+        (tmp_path / name).mkdir()
+        f = tmp_path / name / kind
+        f.write_text("")
+        os.utime(f, (written, written))
+    assert compile_time.triton_cache_timeline(str(tmp_path), 5.0) == [
+        ["15.0", "launcher", "__triton_launcher.so"], ["25.0", "kernel", "_cast_kernel"]]
+    assert compile_time.triton_cache_timeline(str(tmp_path / "absent"), 0.0) == []
+
+
 def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu(capsys):
     """benchmarks/model_step.py (transformers MoE models, unchanged, BF16 against the
     backend): at tiny sizes, both cases give a row per implementation with finite numbers,
