@@ -107,7 +107,7 @@ class _Two(nn.Module):
         super().__init__()
         self.first, self.second = first, second
 
-    def forward(self, x, offs):  # side by side: a chained pair's fc2 -> fc1 would be one more candidate
+    def forward(self, x, offs):
         return self.first(x, offs), self.second(x, offs)
 
 

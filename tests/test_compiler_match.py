@@ -372,6 +372,44 @@ def test_an_expert_loop_concatenated_along_columns_is_rejected():
     assert sites == [] and [r.reason for r in rejections] == ["experts concatenated along dim -1, expected dim 0"]
 
 
+class Chained(torch.nn.Module):
+    """Two grouped MLPs of one spelling, the first one's output the second one's input with
+    no op between (its fc2 GEMM's output read by the second one's fc1 GEMM)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.first, self.second = make(), make()
+
+    def forward(self, x, *rest):
+        return self.second(self.first(x, *rest), *rest)
+
+    def inputs(self, seed):
+        return self.first.inputs(seed)
+
+
+CHAINED = [
+    Case("grouped_mm", functools.partial(mm.GroupedMM, "srelu_pow"), "grouped_mm", "srelu", False, exact=True),
+    Case("grouped_mm-swiglu-prob_on_act", functools.partial(mm.GroupedMM, "swiglu_chunk", "act"), "grouped_mm",
+         "swiglu", True),
+    Case("bmm", functools.partial(mm.BMM, "srelu_pow"), "bmm", "srelu", False),
+]
+
+
+@pytest.mark.parametrize("case", CHAINED, ids=str)
+def test_chained_grouped_mlps_are_two_sites_and_no_candidate_between(case):
+    """The first MLP's fc2 and the second's fc1 have no op between them for an activation, so
+    that pair is no candidate (it was rejected as "activation {} is not srelu, ..."): two
+    sites, no rejection, and the rewritten graph computes the original's outputs."""
+    torch.manual_seed(0)
+    model = Chained(case.make)
+    (captured,) = capture(model, model.inputs(0))
+    sites, rejections = find_sites(captured.gm)
+    assert rejections == []
+    assert [(s.spelling, s.activation, s.probs is not None, s.location.split()[0]) for s in sites] == [
+        (case.spelling, case.activation, case.probs, f"L['self'].{name}") for name in ("first", "second")]
+    check_rewrite(captured, case.exact)
+
+
 def test_no_moe_no_sites():
     model = mm.SwiGLUMLP()
     (captured,) = capture(model, (torch.randn(16, mm.H, dtype=torch.bfloat16),))

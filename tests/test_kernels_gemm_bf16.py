@@ -6,14 +6,9 @@ the Triton lowering's fprop/dgrad/wgrad.
   ``dequantize_bf16_pair`` (both operands of a GEMM, one launch) the same for each output,
   with zero blocks, uneven and empty row counts, small tiles.
 * ``grouped_gemm_via_bf16`` / ``grouped_gemm_wgrad_via_bf16`` against an fp64 matmul of the
-  same exact deq() operands times alpha. The kernels accumulate in fp32 and round once to
-  bf16, so per element
-
-    |out - ref| <= 1.01 * 2**-8 * |ref| + 2 * K * 2**-24 * alpha * sum_k |deq(a)| |deq(b)|
-
-  (half a bf16 ulp, 2**-8 relative, for the output rounding; the second term is the
-  worst-case fp32 accumulation error of K terms, with the alpha multiply absorbed in the
-  1.01). Cases are data: every GEMM of a training step (fc1/fc2 fprop, dgrad, wgrad) on
+  same exact deq() operands times alpha, within the fp64 bound of tests/gemm_cases.py
+  (``check_bound``: half a bf16 ulp for the output rounding plus the worst-case fp32
+  accumulation error of K terms). Cases are data (gemm_cases.py): every GEMM of a training step (fc1/fc2 fprop, dgrad, wgrad) on
   groups of uneven sizes, empty groups included and sizes not multiples of 16; plus
   operands from the real quantizers against the reference twins
   ``numerics.grouped_gemm_torch`` / ``grouped_gemm_wgrad_torch``. Determinism: two runs
@@ -25,7 +20,6 @@ CUDA); ``@pytest.mark.gpu`` tests run big shapes, the TMA variant included, on C
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 
 import pytest
@@ -36,6 +30,7 @@ from nvfp4_inductor.formats import block_values
 from nvfp4_inductor.tensor import Operand
 
 from _assertions import assert_bytes_equal
+from gemm_cases import Step, check_bound, fprop_case, fprop_ref, nvfp4, wgrad_case, wgrad_ref
 
 triton = pytest.importorskip("triton")
 from nvfp4_inductor import kernels  # noqa: E402
@@ -55,80 +50,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 # ---------------------------------------------------------------------------------------
-# Inputs and the fp64 reference
-
-
-def nvfp4(*shape, gen, device=DEVICE):
-    """Random packed codes (every code, both signs) and E4M3 scale bits spanning subnormal
-    (0x01..0x07) to 448 (0x7E); no NaN code (0x7F)."""
-    data = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
-    scale = torch.randint(0, 0x7F, (*shape[:-1], shape[-1] // 8), dtype=torch.uint8, generator=gen)
-    return data.to(device), scale.view(torch.float8_e4m3fn).to(device)
-
-
-def deq64(data, scale):
-    shape = data.shape
-    vals = block_values(data.reshape(-1, shape[-1]), scale.reshape(-1, scale.shape[-1]))
-    return vals.reshape(*shape[:-1], 2 * shape[-1]).double()
-
-
-def check_bound(out, ref, absref, k, label):
-    """The module docstring's bound, elementwise; also reports the relative error."""
-    assert out.dtype == torch.bfloat16 and out.shape == ref.shape, f"{label}: {out.dtype} {tuple(out.shape)}"
-    err = (out.double() - ref).abs()
-    bound = 1.01 * 2.0**-8 * ref.abs() + 2.0 * k * 2.0**-24 * absref + 1e-300
-    bad = err > bound
-    rel = (err.norm() / ref.norm().clamp_min(1e-300)).item()
-    assert not bad.any(), (
-        f"{label}: {int(bad.sum())} of {bad.numel()} elements outside the bound; worst err/bound "
-        f"{(err / bound).max().item():.3g}; relative error {rel:.3g}"
-    )
-    return rel
-
-
-def fprop_ref(a_operand, b_operand, sizes):
-    (a, sa, aa), (b, sb, ba) = a_operand, b_operand
-    av, bv = deq64(a, sa), deq64(b, sb)
-    alpha = numerics.gemm_alpha(aa, ba).double()
-    out = torch.zeros(av.shape[0], bv.shape[1], dtype=torch.float64, device=av.device)
-    absout = torch.zeros_like(out)
-    start = 0
-    for g, m in enumerate(sizes.tolist()):
-        rows = slice(start, start + m)
-        out[rows] = alpha[g] * (av[rows] @ bv[g].T)
-        absout[rows] = alpha[g] * (av[rows].abs() @ bv[g].abs().T)
-        start += m
-    return out, absout
-
-
-def wgrad_ref(a_operand, b_operand, offsets):
-    (a, sa, aa), (b, sb, ba) = a_operand, b_operand
-    av, bv = deq64(a, sa), deq64(b, sb)
-    alpha = numerics.gemm_alpha(aa, ba).double()
-    offs = offsets.tolist()
-    out = torch.zeros(len(offs) - 1, av.shape[0], bv.shape[0], dtype=torch.float64, device=av.device)
-    absout = torch.zeros_like(out)
-    for g in range(len(offs) - 1):
-        cols = slice(offs[g], offs[g + 1])
-        out[g] = alpha[g] * (av[:, cols] @ bv[:, cols].T)
-        absout[g] = alpha[g] * (av[:, cols].abs() @ bv[:, cols].abs().T)
-    return out, absout
-
-
-# ---------------------------------------------------------------------------------------
-# Cases: the GEMMs of one training step of a grouped MLP
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    name: str
-    sizes: tuple[int, ...]
-    hidden: int
-    ffn: int
-    swiglu: bool = False
-
-    def __str__(self):
-        return self.name
+# Cases: the GEMMs of one training step of a grouped MLP (gemm_cases.py)
 
 
 STEPS = [
@@ -136,48 +58,9 @@ STEPS = [
     Step("swiglu_edges", (0, 1, 15, 17, 0, 33), 32, 32, swiglu=True),
     Step("one_group", (45,), 48, 32),
 ]
-# (name, rows of a, N, K) of each fprop/dgrad GEMM; (name, N, M) of each wgrad
+# the GEMMs of a step by name (gemm_cases.gemm_dims: their sizes)
 GEMMS = ["fc1_fprop", "fc2_fprop", "fc2_dgrad", "fc1_dgrad"]
 WGRADS = ["fc2_wgrad", "fc1_wgrad"]
-
-
-def gemm_dims(step: Step, which: str) -> tuple[int, int]:
-    """(N, K) of a fprop/dgrad GEMM, (N, M) of a wgrad."""
-    h, f = step.hidden, step.ffn
-    f1 = 2 * f if step.swiglu else f
-    return {
-        "fc1_fprop": (f1, h), "fc2_fprop": (h, f), "fc2_dgrad": (f, h), "fc1_dgrad": (h, f1),
-        "fc2_wgrad": (h, f), "fc1_wgrad": (f1, h),
-    }[which]
-
-
-def fprop_case(step, which, salt=""):
-    """Random NVFP4 operands of one fprop/dgrad GEMM of `step`: (a, b, sizes), K."""
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
-    sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
-    tokens, groups = sum(step.sizes), len(step.sizes)
-    n, k = gemm_dims(step, which)
-    a, sa = nvfp4(tokens, k // 2, gen=gen)
-    b, sb = nvfp4(groups, n, k // 2, gen=gen)
-    aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba[0] = 0.0  # alpha 0: a group whose weight amax is 0
-    return (Operand(a, sa, aa), Operand(b, sb, ba), sizes), k
-
-
-def wgrad_case(step, which, salt=""):
-    """Random column-wise NVFP4 operands of one wgrad GEMM of `step`: (a, b, offsets), P."""
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{salt}{step.name}/{which}".encode()))
-    sizes = torch.tensor(step.sizes, dtype=torch.int64, device=DEVICE)
-    tokens, groups = sum(step.sizes), len(step.sizes)
-    n, m = gemm_dims(step, which)
-    cap = numerics.columnwise_capacity(tokens, groups)
-    _, _, offsets, _ = numerics.group_layout(sizes, tokens)
-    a, sa = nvfp4(n, cap // 2, gen=gen)
-    b, sb = nvfp4(m, cap // 2, gen=gen)
-    aa = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    ba = (torch.rand(groups, generator=gen) * 4).to(DEVICE)
-    return (Operand(a, sa, aa), Operand(b, sb, ba), offsets), cap
 
 
 def deq_ref(data, scale):

@@ -37,14 +37,12 @@ from nvfp4_inductor import numerics
 from nvfp4_inductor.tensor import Operand
 
 from _assertions import assert_bytes_equal
+from gemm_cases import Step, check_bound, fprop_case, fprop_ref, wgrad_case, wgrad_ref
 
 triton = pytest.importorskip("triton")
 from nvfp4_inductor import kernels  # noqa: E402
 from nvfp4_inductor.kernels import grouped_gemm_fp4 as fp4  # noqa: E402
 from nvfp4_inductor.kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16  # noqa: E402
-
-from test_kernels_gemm_bf16 import (Step, check_bound, fprop_case, fprop_ref, wgrad_case,  # noqa: E402
-                                    wgrad_ref)
 
 if not kernels.available("cpu") and not torch.cuda.is_available():
     pytest.skip("Triton kernels cannot run here (no CUDA and TRITON_INTERPRET unset)", allow_module_level=True)

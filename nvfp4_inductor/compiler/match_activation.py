@@ -99,13 +99,7 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
     output looks like. Returns the match or the reason it is not one."""
     nodes: list[Node] = []
     masks: list[RowMask] = []
-    d = strip_row_masks(fc2_input, masks, nodes)
-    probs = None
-    column = prob_column(d)
-    if column is not None:
-        nodes.append(d)
-        probs, d = column
-        d = strip_row_masks(d, masks, nodes)
+    probs, d = _activation_output(fc2_input, masks, nodes)
     d_side = {*nodes, d}  # D (the activation's output) and the nodes from it to fc2's input
     reasons: list[str] = []
     for name in activation_names():
@@ -141,6 +135,31 @@ def match_activation(fc2_input: Node, is_gemm) -> ActivationMatch | str:
                 f"into the router prob")
     return ActivationMatch(activation, scale, tuple(gemms), gate_second, probs,
                            tuple(dict.fromkeys(region)), tuple(dict.fromkeys(masks)))
+
+
+def _activation_output(fc2_input: Node, masks: list, nodes: list) -> tuple[Node | None, Node]:
+    """``(probs, d)``: d the activation's output D that fc2 reads, row masks, casts and a
+    prob column looked through (the masks appended to ``masks``, the nodes passed to
+    ``nodes``), probs that column's prob or None."""
+    d = strip_row_masks(fc2_input, masks, nodes)
+    column = prob_column(d)
+    if column is None:
+        return None, d
+    nodes.append(d)
+    probs, d = column
+    return probs, strip_row_masks(d, masks, nodes)
+
+
+def fc1_candidates(fc2_input: Node, is_gemm) -> list[Node]:
+    """The GEMMs that may be the fc1 of a grouped MLP whose fc2 reads ``fc2_input``: those
+    behind it through elementwise/view ops (``gemms_behind``), and none when D itself
+    (``_activation_output``) is a GEMM's output: then no op lies between the two GEMMs for an
+    activation (the row masks, casts and prob column looked through are those that follow
+    an fc2, ``match_output_prob``), so the pair is no grouped MLP. That is one grouped MLP's
+    fc2 feeding the next one's fc1 (chained MLPs, or stacked layers without a residual): the
+    second GEMM is the next MLP's fc1, found with its own fc2, not a near miss to report."""
+    _, d = _activation_output(fc2_input, [], [])
+    return [] if is_gemm(d) else gemms_behind(fc2_input, is_gemm)
 
 
 def _holds_fc1_output(node: Node, is_gemm) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .match_activation import gemms_behind, match_activation, match_output_prob
+from .match_activation import fc1_candidates, gemms_behind, match_activation, match_output_prob
 from .legality import can_grouped_mlp
 from .nodes import Node, is_op, shape, transposed_last_two
 from .regions import escaping_use, kn_weight, fc1_bias_reason, fc2_bias_reason, prob_on_input_reason
@@ -39,7 +39,7 @@ def find_bmm(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
                 f"bmm `{fc2.name}` takes the activation as its second operand (per-token "
                 "W[expert_ids] @ x form); only x @ W over a (G, T/G, H) expert batch is recognised")))
             continue
-        if not gemms_behind(fc2.args[0], is_bmm):
+        if not fc1_candidates(fc2.args[0], is_bmm):
             continue
         found = bmm_site(fc2)
         if isinstance(found, Site):

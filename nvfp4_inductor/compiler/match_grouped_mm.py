@@ -23,6 +23,11 @@ Spelling "token_permutation" when x is gathered by a permutation (``x[perm // to
 emit, with ``offs = cumsum(histc | bincount(expert_ids), dtype=int32)``; the routing,
 gather, un-permute and top-k sum stay in the graph. Otherwise "grouped_mm".
 
+Candidates: every grouped GEMM with a grouped GEMM behind it through elementwise/view ops
+is a candidate fc2 (a rejection says why it is not a site), except one that reads the
+other's output directly (``match_activation.fc1_candidates``): two chained MLPs' fc2 ->
+fc1, no room for an activation. A grouped GEMM in no candidate is reported on its own.
+
 Replacement: ``make_call(x, W1, W2, diff(offs, prepend=[0]), p)`` (rewrite.py), p with
 the masked rows zeroed. Accepts bf16 x and weights on any device (``_grouped_mm`` itself
 only compiles in bf16), and fp32 ones under ``torch.autocast(dtype=torch.bfloat16)``
@@ -35,7 +40,7 @@ import operator
 
 import torch
 
-from .match_activation import gemms_behind, match_activation, match_output_prob
+from .match_activation import fc1_candidates, match_activation, match_output_prob
 from .legality import can_grouped_mlp
 from .nodes import Node, arg, is_grouped_gemm, is_op, shape, strip_row_masks, transposed_last_two
 from .regions import escaping_use, kn_weight, fc1_bias_reason, fc2_bias_reason, prob_on_input_reason
@@ -51,7 +56,7 @@ def find_grouped_mm(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejectio
     for fc2 in list(gm.graph.nodes):
         if not is_grouped_mm(fc2):
             continue
-        fc1s = gemms_behind(fc2.args[0], is_grouped_mm)
+        fc1s = fc1_candidates(fc2.args[0], is_grouped_mm)
         if not fc1s:
             continue
         claimed.update(fc1s + [fc2])

@@ -1,5 +1,6 @@
-"""Pieces shared by the grouped GEMM kernels (grouped_gemm_bf16.py, grouped_gemm_act.py,
-grouped_gemm_dact.py): the persistent schedules, the alpha epilogue, the operand checks.
+"""Pieces shared by the grouped GEMM kernels (grouped_gemm_bf16.py, grouped_gemm_fp4.py,
+grouped_gemm_act.py, grouped_gemm_dact.py): the persistent schedules, the alpha epilogue,
+the plain GEMM launchers' output and exits (``grouped_gemm_out``), the operand checks.
 
 Schedules. A persistent grid (``num_programs``: one program per SM on CUDA) walks the
 output tiles, M fastest (consecutive programs share b's N tile); fprop-shaped kernels in
@@ -28,6 +29,7 @@ import triton.language as tl
 
 from ..constants import BLOCK, GEMM_ALPHA_DIVISOR
 from ..formats import is_deq_values
+from ..sizes import is_zero
 from ._nvfp4 import bf16_round
 
 _ALPHA_DIVISOR: tl.constexpr = tl.constexpr(GEMM_ALPHA_DIVISOR)  # 2688**2, exact in fp32
@@ -113,6 +115,22 @@ def num_programs(cfg, device: torch.device) -> int:
     if cfg.num_programs:
         return cfg.num_programs
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def grouped_gemm_out(like: torch.Tensor, shape: tuple, k, groups: int, config, kind: str):
+    """The bf16 output of a plain grouped GEMM (the bf16 and FP4 launchers, fprop and
+    wgrad) of `shape`, each entry a sum over `k` in one of `groups` groups, on `like`'s
+    device, and its launch's tiles: -> (out, cfg, programs), where ``cfg = config(kind,
+    device)`` and ``programs = num_programs(cfg, device)``; (out, None, 0) when no launch is
+    needed: out empty (left as allocated), or every entry an empty sum (K or G 0: zeros).
+    The sizes are asked with ``sizes.is_zero``, which takes no guard on a data-dependent one."""
+    out = like.new_empty(shape, dtype=torch.bfloat16)
+    if any(is_zero(size) for size in shape):
+        return out, None, 0
+    if is_zero(k) or groups == 0:
+        return out.zero_(), None, 0
+    cfg = config(kind, out.device)
+    return out, cfg, num_programs(cfg, out.device)
 
 
 # ---------------------------------------------------------------------------------------

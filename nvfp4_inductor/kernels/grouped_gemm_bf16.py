@@ -49,12 +49,12 @@ import triton
 import triton.language as tl
 
 from ..formats import is_deq_values
-from ..sizes import copy_slices, is_zero
+from ..sizes import copy_slices
 from ..tensor import Operand
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
 from .config import Bf16GemmConfig, bf16_gemm_config
 from .dequantize import bf16_operands, dequantize_bf16_pair, weight_slices
-from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
+from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, grouped_gemm_out, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
 _UPCAST: tl.constexpr = tl.constexpr(INTERPRET)
@@ -250,14 +250,10 @@ def _fprop_launches(tokens: int, k: int, a_amax: torch.Tensor, b_amax: torch.Ten
     """The body of both fprop ops: out (T, n) bf16 = alpha_g * a_g . b_g^T, a (T, K) bf16,
     made `slice_rows` of out's columns at a time, each slice's b (G, rows, K) bf16 from
     ``make(first, rows)`` -> (a, b), b dropped before the next."""
-    out = b_amax.new_empty(tokens, n, dtype=torch.bfloat16)
-    if is_zero(tokens) or n == 0:
+    out, cfg, programs = grouped_gemm_out(b_amax, (tokens, n), k, groups, bf16_gemm_config, "fprop")
+    if cfg is None:
         return out
-    if k == 0 or groups == 0:
-        return out.zero_()
-    cfg = bf16_gemm_config("fprop", out.device)
     tma = use_tma(cfg, out.device, k)
-    programs = num_programs(cfg, out.device)
     for first in range(0, n, slice_rows):
         a, b = make(first, min(slice_rows, n - first))
         launch(
@@ -305,14 +301,10 @@ def _grouped_gemm_wgrad_bf16_op(
     n, p = a.shape
     m = b.shape[0]
     groups = padded_offsets.shape[0] - 1
-    out = a.new_empty(groups, n, m, dtype=torch.bfloat16)
-    if out.numel() == 0:
+    out, cfg, programs = grouped_gemm_out(a, (groups, n, m), p, groups, bf16_gemm_config, "wgrad")
+    if cfg is None:
         return out
-    if is_zero(p):
-        return out.zero_()
-    cfg = bf16_gemm_config("wgrad", a.device)
     tma = use_tma(cfg, a.device, p)
-    programs = num_programs(cfg, a.device)
     # the kernel's BN tiles a's rows (N), BM tiles b's rows (M)
     launch(
         _grouped_gemm_wgrad_bf16_kernel, (programs,),

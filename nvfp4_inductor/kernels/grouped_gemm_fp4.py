@@ -60,11 +60,10 @@ import triton.language as tl
 
 from ..constants import BLOCK
 from ..formats import is_deq_values
-from ..sizes import is_zero
 from ..tensor import Operand
 from ._nvfp4 import e2m1_value, e4m3_decode
 from ._registry import INTERPRET, kernel_op, launch, next_power_of_2
-from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, num_programs, store_bf16,
+from .gemm_common import (check_gemm_operands, check_wgrad_operands, gemm_alpha, grouped_gemm_out, store_bf16,
                           tile_coords, tile_table, wgrad_tile)
 
 
@@ -230,13 +229,9 @@ def _grouped_gemm_fp4_op(
     """Packed operands as ``grouped_gemm_fp4`` takes them, contiguous; amax (G,) fp32 -> (T, N) bf16."""
     tokens, half = a_data.shape
     groups, n, _ = b_data.shape
-    out = a_data.new_empty(tokens, n, dtype=torch.bfloat16)
-    if is_zero(tokens) or n == 0:
+    out, cfg, programs = grouped_gemm_out(a_data, (tokens, n), half, groups, fp4_gemm_config, "fprop")
+    if cfg is None:
         return out
-    if half == 0 or groups == 0:
-        return out.zero_()
-    cfg = fp4_gemm_config("fprop", out.device)
-    programs = num_programs(cfg, out.device)
     launch(
         _grouped_gemm_fp4_kernel, (programs,),
         a_ptr=a_data, sa_ptr=a_scale, a_amax_ptr=a_amax, b_ptr=b_data, sb_ptr=b_scale, b_amax_ptr=b_amax,
@@ -256,13 +251,9 @@ def _grouped_gemm_wgrad_fp4_op(
     n, half = a_data.shape
     m = b_data.shape[0]
     groups = padded_offsets.shape[0] - 1
-    out = a_data.new_empty(groups, n, m, dtype=torch.bfloat16)
-    if out.numel() == 0:
+    out, cfg, programs = grouped_gemm_out(a_data, (groups, n, m), half, groups, fp4_gemm_config, "wgrad")
+    if cfg is None:
         return out
-    if is_zero(half):
-        return out.zero_()
-    cfg = fp4_gemm_config("wgrad", out.device)
-    programs = num_programs(cfg, out.device)
     # the kernel's BN tiles a's rows (N), BM tiles b's rows (M), as the bf16 wgrad's
     launch(
         _grouped_gemm_wgrad_fp4_kernel, (programs,),
