@@ -410,6 +410,34 @@ def test_chained_grouped_mlps_are_two_sites_and_no_candidate_between(case):
     check_rewrite(captured, case.exact)
 
 
+class ThreeGemms(torch.nn.Module):
+    """Three grouped GEMMs with a squared ReLU between each: the middle GEMM is both the
+    fc2 of (first, middle) and the fc1 of (middle, last)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.w3 = (mm._param(mm.G, mm.H, mm.H) for _ in range(3))
+
+    def forward(self, x, offs, probs=None):
+        for w in (self.w1, self.w2):
+            x = F.relu(torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)) ** 2
+        return torch._grouped_mm(x, self.w3.transpose(-2, -1), offs=offs)
+
+
+def test_a_gemm_in_two_matches_is_rewritten_into_the_first_site_only():
+    """Rewriting both overlapping matches made a graph that used a node before defining it
+    (the backend crashed in ``graph.lint``); the first in graph order is kept, the other
+    rejected with the reason, and the rewritten graph computes the original's output."""
+    torch.manual_seed(0)
+    model = ThreeGemms()
+    (captured,) = capture(model, mm.GroupedMM().inputs(0))
+    sites, rejections = find_sites(captured.gm)
+    assert [(s.spelling, s.activation) for s in sites] == [("grouped_mm", "srelu")]
+    assert [r.spelling for r in rejections] == ["grouped_mm"]
+    assert "shares its GEMM" in rejections[0].reason and "which is rewritten instead" in rejections[0].reason
+    check_rewrite(captured, exact=True)
+
+
 def test_no_moe_no_sites():
     model = mm.SwiGLUMLP()
     (captured,) = capture(model, (torch.randn(16, mm.H, dtype=torch.bfloat16),))

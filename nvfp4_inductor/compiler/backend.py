@@ -272,8 +272,8 @@ def _log_decisions(gm: torch.fx.GraphModule, record: CompiledGraphRecord) -> Non
 
 REJECTED = (
     "nvfp4 backend: {rewritten} of {found} grouped MLP(s) in a compiled graph rewritten to NVFP4; "
-    "the other {left} run as written. {first_where}: {first_reason}. nvfp4_inductor.explain(model, "
-    "*inputs) lists every site and reason; TORCH_LOGS=\"nvfp4_inductor\" logs each decision."
+    "the other {left} run as written. {first_where}: {first_reason}. nvfp4_inductor.explain(model)"
+    "(*inputs) lists every site and reason; TORCH_LOGS=\"nvfp4_inductor\" logs each decision."
 )
 
 

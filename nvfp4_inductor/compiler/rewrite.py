@@ -121,7 +121,26 @@ def find_sites(gm: torch.fx.GraphModule) -> tuple[list[Site], list[Rejection]]:
         found, rejected = find(gm)
         sites += found
         rejections += rejected
-    return sites, rejections
+    return _without_overlaps(gm, sites, rejections)
+
+
+def _without_overlaps(gm: torch.fx.GraphModule, sites: list[Site],
+                      rejections: list[Rejection]) -> tuple[list[Site], list[Rejection]]:
+    """One node cannot be rewritten into two sites. Three grouped GEMMs with an activation
+    between each match twice, the middle GEMM being the first match's fc2 and the second's
+    fc1; the site that comes first in the graph is kept and the other rejected (its GEMMs
+    stay as the user wrote them)."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    kept: list[Site] = []
+    for site in sorted(sites, key=lambda s: order[s.output]):
+        clash = next((k for k in kept if k.output in site.nodes or site.output in k.nodes), None)
+        if clash is None:
+            kept.append(site)
+        else:
+            rejections.append(Rejection(site.spelling, site.location,
+                                        f"shares its GEMM {clash.output.name} with the grouped MLP at "
+                                        f"{clash.location}, which is rewritten instead"))
+    return [s for s in sites if s in kept], rejections
 
 
 def rewrite_sites(gm: torch.fx.GraphModule, sites: list[Site], *, make_call,
