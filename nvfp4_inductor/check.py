@@ -62,7 +62,7 @@ def simulated(report: Report) -> None:
     """The self-check over the simulator, on the CPU, never cached."""
     caps = wired(capabilities_from_signatures(read_signatures(cudnn_sim)))
     stack = self_check.Stack("cudnn_sim on CPU", (10, 0), "-", torch.__version__, "1.32 (cudnn_sim)", "-",
-                             self_check.package_version())
+                             self_check.package_version(), self_check._version("triton"))
     verdict = self_check.run(cudnn_sim.frontend(), torch.device("cpu"), stack, REFERENCE_STEPS, caps)
     report.cases(verdict, "cudnn over the simulator (CPU)")
     report.add("self-check cost", "cudnn over the simulator (CPU)", "info", f"took {verdict.seconds:.1f} s")
