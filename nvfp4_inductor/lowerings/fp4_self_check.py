@@ -9,12 +9,12 @@ software stack, before any plan names the target (docs/blackwell.md).
 
 Cases (``CASES``), one per GEMM step of the table whose kernel reads packed operands: the
 plain grouped GEMM (fc2 fprop and the dgrads; fc1 too where no fused kernel runs) and the
-wgrad, each on a small problem quantized by the reference: ragged groups with an empty one
-(``self_check.GROUP_SIZES``), an all-zero expert weight (alpha 0), and docs/numerics.md
-section 8's edge values (``self_check.edge_tokens``: an all-zero block, bf16 subnormals,
-block scales that underflow, a block that sets its group's amax, -0.0). K and N are not
-multiples of the GPU tiles (``fp4_gemm_config``: 256 elements of K, 128 columns a step), so
-the K tail and the clamped columns run.
+wgrad, each on a small problem quantized by the reference: ragged groups with an empty one,
+an all-zero expert weight (alpha 0), and docs/numerics.md section 8's edge values
+(``self_check.edge_tokens``: an all-zero block, bf16 subnormals, block scales that
+underflow, a block that sets its group's amax, -0.0). K and N are not multiples of the GPU
+tiles (``fp4_gemm_config``: 256 elements of K, 128 columns a step), so a whole K step, the
+K tail and the clamped columns all run.
 
 Tolerance (docs/numerics.md section 7: targets' GEMMs agree to fp32-accumulation level).
 Each output element, against the exact product of the same deq() values (fp64, on the CPU):
@@ -58,7 +58,11 @@ CASES = (
     ("wgrads", "grouped_gemm_wgrad"),
 )
 
-HIDDEN, FFN = 320, 96  # K of the fprop case: one 256-element GPU step and a 64-element tail; N < 128
+# The fprop case: K = 272, one 256-element GPU step and a 16-element tail, N = 48 < 128 (clamped
+# columns), groups ragged with an empty one. The wgrad case: K = the padded tokens, a group of 280
+# of them (a GPU step and a tail), N x M = 48 x 32. Small: the Triton interpreter runs them in CI.
+FPROP_SIZES, FPROP_K, FPROP_N = (24, 0, 40, 17), 272, 48
+WGRAD_SIZES, WGRAD_N, WGRAD_M = (24, 0, 280, 17), 48, 32
 SLACK = 1.01
 
 
@@ -69,23 +73,23 @@ def _reference():
 
 
 def _fprop_operands(generator):
-    """(a, b, group sizes) of a (T, HIDDEN) x (G, FFN, HIDDEN)^T grouped GEMM, and K."""
-    sizes = torch.tensor(self_check.GROUP_SIZES)
+    """(a, b, group sizes) of a (T, K) x (G, N, K)^T grouped GEMM, and K."""
+    sizes = torch.tensor(FPROP_SIZES)
     tokens = int(sizes.sum())
-    xq = _reference().group_quantize(self_check.edge_tokens(tokens, HIDDEN, generator), sizes, QuantizeOptions())
-    w = torch.randn(len(sizes), FFN, HIDDEN, generator=generator).bfloat16()
+    xq = _reference().group_quantize(self_check.edge_tokens(tokens, FPROP_K, generator), sizes, QuantizeOptions())
+    w = torch.randn(len(sizes), FPROP_N, FPROP_K, generator=generator).bfloat16()
     w[2] = 0.0  # an all-zero expert weight: alpha 0
-    return (xq.rowwise(), _reference().quantize_weights(w).rowwise(), sizes), HIDDEN
+    return (xq.rowwise(), _reference().quantize_weights(w).rowwise(), sizes), FPROP_K
 
 
 def _wgrad_operands(generator):
-    """(a, b, padded offsets) of a wgrad over column-wise copies of (T, FFN) and (T, HIDDEN),
-    and K (the padded token axis)."""
-    sizes = torch.tensor(self_check.GROUP_SIZES)
+    """(a, b, padded offsets) of a wgrad over column-wise copies of (T, N) and (T, M), and K
+    (the padded token axis)."""
+    sizes = torch.tensor(WGRAD_SIZES)
     tokens = int(sizes.sum())
     cols = QuantizeOptions(rowwise=False, columnwise=True)
-    a = _reference().group_quantize(self_check.edge_tokens(tokens, FFN, generator), sizes, cols)
-    b = _reference().group_quantize(self_check.edge_tokens(tokens, HIDDEN, generator), sizes, cols)
+    a = _reference().group_quantize(self_check.edge_tokens(tokens, WGRAD_N, generator), sizes, cols)
+    b = _reference().group_quantize(self_check.edge_tokens(tokens, WGRAD_M, generator), sizes, cols)
     return (a.columnwise(), b.columnwise(), a.columnwise_offsets), 2 * a.columnwise_data.shape[1]
 
 
