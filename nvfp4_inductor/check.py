@@ -7,12 +7,16 @@ attach to a bug report:
 1. (any machine) the cudnn self-check over the CPU simulator of the frontend's wrappers
    (``lowerings/cudnn_sim.py``, 1.32's contract): every case of ``lowerings/self_check.py``
    and its training step;
-2. (CUDA, Triton installed) a training step on the Triton target: compiled == eager bitwise;
-3. (SM10x with ``nvidia-cudnn-frontend``) the self-check on this GPU, run afresh and written
-   to the cache the backend reads; then a compiled training step on the cudnn target ==
-   its eager chain bitwise;
-4. (CUDA) a forward + backward at S1 and S2 (``benchmarks/grouped_mlp.py``'s shapes, SReLU)
-   timed for BF16 (``torch.compile``), the Triton target and the cudnn target where it runs.
+2. (CUDA, Triton installed) a training step on the Triton target (bf16-operand GEMMs):
+   compiled == eager bitwise;
+3. (SM10x, Triton installed) the triton_fp4 target's self-check on this GPU (its FP4
+   tensor-core GEMMs, ``lowerings/fp4_self_check.py``), run afresh and written to the cache
+   the backend reads; then a compiled training step on it == its eager chain bitwise;
+4. (SM10x with ``nvidia-cudnn-frontend``) the cudnn self-check on this GPU, likewise; then a
+   compiled training step on the cudnn target == its eager chain bitwise;
+5. (CUDA) a forward + backward at S1 and S2 (``benchmarks/grouped_mlp.py``'s shapes, SReLU)
+   timed for BF16 (``torch.compile``), the Triton target and the triton_fp4 and cudnn
+   targets where they run.
 
 What it cannot run here it lists as skipped, with why. Exits 1 when a check that ran failed,
 else 0.
@@ -33,7 +37,8 @@ import torch
 from .compiler.backend import backend
 from .inspection import compare, format_table
 from .nn import GroupedMLP, grouped_mlp
-from .lowerings import cudnn_sim, get_target, register_target, self_check, targets, unregister_target
+from .lowerings import cudnn_sim, fp4_self_check, get_target, register_target, self_check, targets
+from .lowerings import unregister_target
 from .lowerings.cudnn import capabilities_from_signatures, installed_capabilities, read_signatures, wired
 from .lowerings.reference import STEPS as REFERENCE_STEPS
 
@@ -62,7 +67,7 @@ def simulated(report: Report) -> None:
     """The self-check over the simulator, on the CPU, never cached."""
     caps = wired(capabilities_from_signatures(read_signatures(cudnn_sim)))
     stack = self_check.Stack("cudnn_sim on CPU", (10, 0), "-", torch.__version__, "1.32 (cudnn_sim)", "-",
-                             self_check.package_version())
+                             self_check.package_version(), self_check._version("triton"))
     verdict = self_check.run(cudnn_sim.frontend(), torch.device("cpu"), stack, REFERENCE_STEPS, caps)
     report.cases(verdict, "cudnn over the simulator (CPU)")
     report.add("self-check cost", "cudnn over the simulator (CPU)", "info", f"took {verdict.seconds:.1f} s")
@@ -76,28 +81,37 @@ def small_model(device, activation="srelu"):
 
 
 @contextlib.contextmanager
-def cudnn_unregistered(off: bool):
-    """With `off`, the cudnn target is unregistered inside the block: the eager chain that
-    ``compare`` runs follows the registry, not the backend's ``cudnn="off"``."""
-    if not off:
+def unregistered(*names: str):
+    """The targets `names` unregistered inside the block, so a plan on this GPU takes the
+    next one: the eager chain that ``compare`` runs follows the registry, not the backend's
+    ``cudnn="off"``."""
+    if not names:
         yield
         return
-    names = [t.name for t in targets()]
-    target, after = get_target("cudnn"), names[names.index("cudnn") + 1]
-    unregister_target("cudnn")
+    order = [t.name for t in targets()]
+    target, after = get_target(names[0]), order[order.index(names[0]) + 1]
+    unregister_target(names[0])
     try:
-        yield
+        with unregistered(*names[1:]):
+            yield
     finally:
         register_target(target, before=after)
 
 
-def compiled_step(report: Report, device, target: str, cudnn: str) -> None:
+# What each row of the compiled steps and the timings runs: the backend's cudnn option and
+# the targets taken out of the registry so that the named one is the plan's.
+VARIANTS = {"triton": ("off", ("cudnn", "triton_fp4")), "triton_fp4": ("off", ("cudnn",)),
+            "cudnn": ("require", ())}
+
+
+def compiled_step(report: Report, device, target: str, label: str) -> None:
+    cudnn, off = VARIANTS[target]
     for activation in ("srelu", "swiglu"):
         mlp, args = small_model(device, activation)
         torch._dynamo.reset()
-        with cudnn_unregistered(cudnn == "off"):
+        with unregistered(*off):
             result = compare(mlp, backend=backend(cudnn=cudnn))(*args)
-        report.add(f"compiled training step == eager chain ({activation})", target, result.bitwise,
+        report.add(f"compiled training step == eager chain ({activation})", label, result.bitwise,
                    "bitwise" if result.bitwise else str(result).splitlines()[0])
 
 
@@ -120,11 +134,34 @@ def on_blackwell(report: Report, device) -> Optional[str]:
     report.add("self-check cost", f"cudnn on {stack.gpu}", "info",
                f"took {verdict.seconds:.1f} s; cached at {self_check.cache_path(stack)}")
     if verdict.refusal is None:
-        compiled_step(report, device, f"cudnn on {stack.gpu}", "require")
+        compiled_step(report, device, "cudnn", f"cudnn on {stack.gpu}")
     return None
 
 
-def time_shapes(report: Report, device, shapes, cudnn_runs: bool) -> None:
+def fp4_on_blackwell(report: Report, device) -> Optional[str]:
+    """The triton_fp4 self-check on this GPU (afresh, into the cache), then a compiled step;
+    or why not."""
+    capability = torch.cuda.get_device_capability(device)
+    caps = get_target("triton").probe(device)
+    mismatch = get_target("triton_fp4").device_mismatch("cuda", capability)
+    if mismatch or isinstance(caps, str):
+        return mismatch or caps
+    stack = self_check.Stack.of(device)
+    self_check.cache_path(stack, fp4_self_check.KIND).unlink(missing_ok=True)
+    self_check.forget()
+    from .lowerings.triton import FP4_STEPS
+
+    verdict = fp4_self_check.verdict(device, stack, FP4_STEPS, caps)
+    label = f"triton_fp4 on {stack.gpu}"
+    report.cases(verdict, label)
+    report.add("self-check cost", label, "info",
+               f"took {verdict.seconds:.1f} s; cached at {self_check.cache_path(stack, fp4_self_check.KIND)}")
+    if verdict.refusal is None:
+        compiled_step(report, device, "triton_fp4", label)
+    return None
+
+
+def time_shapes(report: Report, device, shapes, runs: list[str]) -> None:
     from triton.testing import do_bench
 
     for shape in shapes:
@@ -146,14 +183,14 @@ def time_shapes(report: Report, device, shapes, cudnn_runs: bool) -> None:
         def nvfp4(x, w1, w2, sizes, probs):
             return grouped_mlp(x, w1, w2, sizes, probs, activation="srelu")
 
-        variants = [("bf16", bf16, None), ("triton", nvfp4, "off")] + ([("cudnn", nvfp4, "require")]
-                                                                        if cudnn_runs else [])
         base = None
-        for name, fn, cudnn in variants:
+        for name in ["bf16", *runs]:
             torch._dynamo.reset()
-            compiled = torch.compile(fn) if cudnn is None else torch.compile(fn, backend=backend(cudnn=cudnn))
+            cudnn, off = VARIANTS.get(name, (None, ()))
+            compiled = torch.compile(bf16) if name == "bf16" else torch.compile(nvfp4, backend=backend(cudnn=cudnn))
             args = (x, w1, w2, sizes, probs)
-            ms = do_bench(lambda: compiled(*args).backward(dy), grad_to_none=[x, w1, w2, probs])
+            with unregistered(*off):
+                ms = do_bench(lambda: compiled(*args).backward(dy), grad_to_none=[x, w1, w2, probs])
             base = base or ms
             report.timings.append(dict(shape=shape, variant=name, ms=ms, speedup_vs_bf16=base / ms))
             print(f"{shape} srelu fwd+bwd {name}: {ms:.3f} ms ({base / ms:.2f}x bf16)", flush=True)
@@ -189,15 +226,20 @@ def main(argv=None) -> int:
     if triton_why:
         report.add("compiled training step == eager chain", "triton", None, f"skipped: {triton_why}")
     else:
-        compiled_step(report, device, "triton", "off")
-    blackwell_why = "no CUDA device" if not cuda else on_blackwell(report, device)
-    if blackwell_why:
-        report.add("self-check and compiled step on the GPU", "cudnn", None, f"skipped: {blackwell_why}")
+        compiled_step(report, device, "triton", "triton")
+    runs = [] if triton_why else ["triton"]
+    for name, on_gpu in (("triton_fp4", fp4_on_blackwell), ("cudnn", on_blackwell)):
+        why = "no CUDA device" if not cuda else on_gpu(report, device)
+        if why:
+            report.add("self-check and compiled step on the GPU", name, None, f"skipped: {why}")
+        elif not any(r["verdict"] == "FAIL" and r["target"].startswith(f"{name} on ") for r in report.rows):
+            runs.append(name)
     if opts.skip_timing or not cuda or triton_why:
         why = "--skip-timing" if opts.skip_timing else triton_why
-        report.add(f"timing at {', '.join(opts.shapes)} vs BF16", "bf16 / triton / cudnn", None, f"skipped: {why}")
+        report.add(f"timing at {', '.join(opts.shapes)} vs BF16", "bf16 / triton / triton_fp4 / cudnn", None,
+                   f"skipped: {why}")
     else:
-        time_shapes(report, device, opts.shapes, blackwell_why is None)
+        time_shapes(report, device, opts.shapes, runs)
 
     print()
     print(format_table(["target", "check", "verdict", "detail"],

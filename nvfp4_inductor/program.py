@@ -73,6 +73,7 @@ class Runner:
     def __init__(self, steps, opts: SiteOptions):
         self.steps, self.opts = steps, opts
         self.deq_operands = steps.deq_operands
+        self.packed_gemm_operands = steps.deq_operands and steps.packed_gemm_operands
         self.d_after_dgrad = steps.d_after_dgrad
         self.makes_d_in_cast = steps.activation_quantize is not None
 
@@ -98,15 +99,17 @@ class Runner:
         return fc1_wgrad_last(dcq.rowwise_data, dcq.columnwise_data, saved.x_col_data, saved.w1_col_data)
 
 
-def _deq(s: Runner) -> dict:
+def _deq(s: Runner, fused: bool) -> dict:
     """The quantize steps' keyword that returns the row-wise copy as its deq() values, where
-    the target's GEMM steps take such operands (``Steps.deq_operands``): for the forward
-    GEMMs' operands (x, W1, D, W2 row-wise) and dY's row-wise copy, which a GEMM reads right
-    after the cast, so no dequantize launch expands a packed copy written just before. Every
-    other copy stays packed: those saved for the backward (3.6x smaller), dC's (held across
-    fc2's wgrad), and the column-wise ones, whose casts slowed down by more than the
-    dequantize they save (docs/decisions.md, Casts). Equal bits: deq() is what the GEMMs read."""
-    return dict(rowwise_deq=True) if s.deq_operands else {}
+    the target's GEMM step that reads it takes such operands (``Steps.deq_operands``; `fused`:
+    that step is a fused one, which alone takes them under ``Steps.packed_gemm_operands``):
+    for the forward GEMMs' operands (x, W1, D, W2 row-wise) and dY's row-wise copy, which a
+    GEMM reads right after the cast, so no dequantize launch expands a packed copy written
+    just before. Every other copy stays packed: those saved for the backward (3.6x smaller),
+    dC's (held across fc2's wgrad), and the column-wise ones, whose casts slowed down by more
+    than the dequantize they save (docs/decisions.md, Casts). Equal bits: deq() is what the
+    GEMMs read."""
+    return dict(rowwise_deq=True) if s.deq_operands and (fused or not s.packed_gemm_operands) else {}
 
 
 def _fc1(s: Runner, opts: SiteOptions, xq, w1q, group_sizes, probs):
@@ -132,9 +135,10 @@ def forward(s: Runner, opts: SiteOptions, x: Tensor, w1: Tensor, w2: Tensor, gro
     Memory: W2 is quantized just before fc2 and the row-wise copies of x and W1 are
     dropped after fc1, their last consumer (no quantization of the forward draws random
     bits, so the order changes no result)."""
-    deq, cast = _deq(s), opts.recipe.token_cast
-    xq = s.group_quantize("quantize x", x, group_sizes, cast(rowwise=True, columnwise=save, **deq))
-    w1q = s.quantize_weights("quantize W1", w1, "fc1", **deq)
+    cast = opts.recipe.token_cast
+    fc1_deq, deq = _deq(s, opts.plan.fused_fc1), _deq(s, False)  # fc1's operands; fc2's (a plain GEMM step)
+    xq = s.group_quantize("quantize x", x, group_sizes, cast(rowwise=True, columnwise=save, **fc1_deq))
+    w1q = s.quantize_weights("quantize W1", w1, "fc1", **fc1_deq)
     c, d, amax = _fc1(s, opts, xq, w1q, group_sizes, probs)
     kept = dict(x_col_data=xq.columnwise_data, x_col_scale=xq.columnwise_scale, x_col_amax=xq.columnwise_amax,
                 offsets=xq.columnwise_offsets, w1_col_data=w1q.columnwise_data, w1_col_scale=w1q.columnwise_scale,
@@ -179,7 +183,7 @@ def backward_fc2(s: Runner, opts: SiteOptions, dy: Tensor, saved: SavedForBackwa
                                                                         stochastic_rounding=sr, seed=seed, **deq))
 
     # dY's row-wise copy feeds fc2's dgrad right after its cast: deq() values where the target takes them
-    dyq = quantize_grad("quantize dY", dy.contiguous(), dy_seed, **_deq(s))
+    dyq = quantize_grad("quantize dY", dy.contiguous(), dy_seed, **_deq(s, opts.plan.fused_dgrad))
     dgrad = (dyq.rowwise(), saved.w2_col(), group_sizes)
     regenerate = opts.recompute and not s.d_after_dgrad
     if opts.plan.fused_dgrad:  # G stays in the GEMM's epilogue

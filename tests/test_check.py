@@ -9,7 +9,7 @@ import sys
 import torch
 
 from nvfp4_inductor import lowerings
-from nvfp4_inductor.check import cudnn_unregistered
+from nvfp4_inductor.check import unregistered
 
 
 def test_check_command_on_the_cpu(tmp_path):
@@ -19,16 +19,18 @@ def test_check_command_on_the_cpu(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "[PASS] cudnn over the simulator (CPU): training step: fused ops == eager chain" in out.stdout
     assert "[skipped] cudnn: self-check and compiled step on the GPU: skipped: no CUDA device" in out.stdout
+    assert "[skipped] triton_fp4: self-check and compiled step on the GPU: skipped: no CUDA device" in out.stdout
+    assert "(checkout, sources " in out.stdout.splitlines()[0]
     assert "timing at S1, S2 vs BF16" in out.stdout
     report = json.loads((tmp_path / "r.json").read_text())
     assert {r["verdict"] for r in report["checks"]} == {"PASS", "skipped", "info"}
     assert report["environment"]["torch"] == torch.__version__
 
 
-def test_the_triton_comparison_runs_without_the_cudnn_target():
+def test_the_triton_comparison_runs_without_the_sm100_targets():
     before = [t.name for t in lowerings.targets()]
-    with cudnn_unregistered(True):
-        assert "cudnn" not in [t.name for t in lowerings.targets()]
-    with cudnn_unregistered(False):
+    with unregistered("cudnn", "triton_fp4"):
+        assert [t.name for t in lowerings.targets()] == ["triton", "reference"]
+    with unregistered():
         assert [t.name for t in lowerings.targets()] == before
     assert [t.name for t in lowerings.targets()] == before

@@ -6,9 +6,10 @@ go straight to ``tcgen05.mma ... kind::mxf4nvf4`` with 16-element blocks, no deq
     grouped_gemm_wgrad_fp4  wgrad,         the twin of numerics.grouped_gemm_wgrad_torch
 
 Same arguments and return types as the step table's ``grouped_gemm`` / ``grouped_gemm_wgrad``
-(``lowerings/steps.py``), so a step table can take them as they are. Not wired into any
-target: the SM10x self-check and the target's selection come separately
-(docs/decisions.md, "FP4 tensor-core GEMMs on SM10x: Triton's dot_scaled").
+(``lowerings/steps.py``), so a step table can take them as they are: the triton_fp4
+target's (``lowerings/triton.FP4_STEPS``, SM10x, chosen only after its self-check on the
+GPU passed, ``lowerings/fp4_self_check.py``; docs/decisions.md, "FP4 tensor-core GEMMs on
+SM10x: Triton's dot_scaled").
 
 What it assumes:
 * **Operands packed, K-major, as the containers hold them** (docs/numerics.md 1): data

@@ -7,8 +7,10 @@
     get_target(name)                       one, by name (ValueError naming the known ones)
 
 Built in: ``cudnn`` (nvidia-cudnn-frontend's NVFP4 grouped GEMMs, CUDA SM100+; its probe
-runs its self-check on the GPU first, ``lowerings/self_check.py``), then ``triton`` (this
-package's Triton kernels, CUDA SM80+), then ``reference`` (pure PyTorch, every device; the
+runs its self-check on the GPU first, ``lowerings/self_check.py``), then ``triton_fp4``
+(the Triton kernels with the plain GEMMs on the FP4 tensor cores, SM10x-11x, after its own
+self-check, ``lowerings/fp4_self_check.py``), then ``triton`` (this package's Triton
+kernels, CUDA SM80+), then ``reference`` (pure PyTorch, every device; the
 definition every other target is tested against).
 """
 
@@ -20,11 +22,12 @@ from typing import Iterator, Optional
 from .cudnn_target import CUDNN
 from .reference_target import REFERENCE
 from .target import Target
+from .triton_fp4_target import TRITON_FP4
 from .triton_target import TRITON
 
 # Each built-in target is declared in its own module (``<name>_target.py``), which imports
 # no step table, Triton or vendor package: its ``steps`` does, when the target first runs.
-_TARGETS: list[Target] = [CUDNN, TRITON, REFERENCE]
+_TARGETS: list[Target] = [CUDNN, TRITON_FP4, TRITON, REFERENCE]
 
 
 def targets() -> tuple[Target, ...]:

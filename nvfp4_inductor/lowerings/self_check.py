@@ -3,7 +3,9 @@ CPU simulator of its contract (``cudnn_sim``) and the reference steps, once per 
 software stack, before any plan names the target (docs/blackwell.md).
 
     verdict(frontend, device, stack, base, caps)   the cached Verdict, or run() now and cache it
-    known(stack) / forget()                        this process's verdicts
+    cached(kind, stack, check, consequence)        the same for any kind of check (the
+                                                   triton_fp4 target's: fp4_self_check.py)
+    known(stack, kind) / forget()                  this process's verdicts
     run(frontend, device, stack, base, caps)       every Case below, then one training step
     restricted(caps, verdict)                the target's Capabilities less what failed
 
@@ -31,8 +33,8 @@ restricted table: the fused ops (what a compiled graph calls) == the eager chain
 eager ops above this layer); a failure there refuses the target.
 
 The verdict is a JSON file per ``Stack`` (GPU name, compute capability, driver, torch,
-frontend, cutlass-dsl, this package's sources) under Inductor's cache directory
-(``cache_path``), so the check runs once per machine and stack; a process keeps the
+frontend, cutlass-dsl, this package's sources, Triton) and kind of check under Inductor's
+cache directory (``cache_path``), so the check runs once per machine and stack; a process keeps the
 verdicts it has read. ``torch._dynamo.utils.counters["nvfp4"]["cudnn_self_check_runs"]``
 counts the checks run.
 """
@@ -47,6 +49,7 @@ import importlib.metadata
 import json
 import logging
 import pathlib
+import re
 import time
 import warnings
 from typing import Callable, Optional
@@ -77,6 +80,8 @@ class Stack:
     frontend: str
     cutlass_dsl: str
     package: str
+    triton: str  # the quantizers' and the triton_fp4 GEMMs' compiler
+
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:24]
@@ -92,7 +97,7 @@ class Stack:
 def _stack_of(device: str) -> Stack:
     return Stack(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)), _driver(),
                  torch.__version__, _version("nvidia-cudnn-frontend"), _version("nvidia-cutlass-dsl"),
-                 package_version())
+                 package_version(), _version("triton"))
 
 
 def _version(dist: str) -> str:
@@ -102,20 +107,46 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+@functools.lru_cache(maxsize=1)
 def _driver() -> str:
-    getter = getattr(torch._C, "_cuda_getDriverVersion", None)  # e.g. 13000 for CUDA 13.0 drivers
-    return str(getter()) if getter is not None else "unknown"
+    """The NVIDIA driver's version, e.g. '580.95.05': from NVML where torch found pynvml,
+    else from ``nvidia-smi``; 'unknown' where neither answers. torch has no call for it (no
+    ``_cuda_getDriverVersion`` in the 2.11 and 2.13 builds: the H100 said 'unknown')."""
+    import subprocess
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        found = pynvml.nvmlSystemGetDriverVersion()
+        return found.decode() if isinstance(found, bytes) else str(found)
+    except Exception:  # noqa: BLE001 - no pynvml, or no NVML library: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else "unknown"
 
 
 @functools.lru_cache(maxsize=1)
 def package_version() -> str:
     """This package's version and a hash of its sources (a development tree changes code
-    without changing its version)."""
+    without changing its version): '0.1.0 (sources 1a2b3c4d5e6f)', or '0.1.0 (checkout,
+    sources ...)' when it runs from a source tree (the version then from its pyproject.toml,
+    whether or not that tree is installed)."""
     root = pathlib.Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(path.read_bytes())
-    return f"{_version('nvfp4_inductor')}+{digest.hexdigest()[:12]}"
+    sources = f"sources {digest.hexdigest()[:12]}"
+    project = root.parent / "pyproject.toml"
+    found = re.search(r'^version\s*=\s*"([^"]+)"', project.read_text(), re.M) if project.is_file() else None
+    if found:
+        return f"{found.group(1)} (checkout, {sources})"
+    return f"{_version('nvfp4_inductor')} ({sources})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +379,11 @@ def register_training_step_check(check: TrainingStepCheck) -> None:
     _TRAINING_STEP_CHECK[:] = [check]
 
 
+def training_step_check() -> Optional[TrainingStepCheck]:
+    """The registered training-step check (None before the compiler layer is imported)."""
+    return _TRAINING_STEP_CHECK[0] if _TRAINING_STEP_CHECK else None
+
+
 @torch.compiler.disable  # real kernels on real tensors, never a compiled frame of its own
 def run(frontend, device: torch.device, stack: Stack, base, caps: Capabilities) -> Verdict:
     """Every case, then the training step over the restricted table (module docstring).
@@ -367,8 +403,9 @@ def _run(frontend, device, stack, base, caps, counters) -> Verdict:
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     cases = tuple(check_case(frontend, device, w, a) for _, w, a in CASES)
     partial = Verdict(stack, date, 0.0, cases)
-    if partial.refusal is None and _TRAINING_STEP_CHECK:
-        why = _TRAINING_STEP_CHECK[0](restricted(caps, partial), lambda: cd.make_steps(frontend, base), device)
+    step_check = training_step_check()
+    if partial.refusal is None and step_check is not None:
+        why = step_check(restricted(caps, partial), lambda: cd.make_steps(frontend, base), device)
         cases += (Case("training step", "fused ops == eager chain", None, why is None, why or ""),)
     return Verdict(stack, date, round(time.perf_counter() - start, 3), cases)
 
@@ -391,48 +428,58 @@ def restricted(caps: Capabilities, verdict: Verdict) -> Capabilities:
 
 
 # ---------------------------------------------------------------------------------------
-# The cache
+# The cache (one per kind of check: "cudnn" here, "triton_fp4" in fp4_self_check.py)
 
 
-def cache_path(stack: Stack) -> pathlib.Path:
+def cache_path(stack: Stack, kind: str = "cudnn") -> pathlib.Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    return pathlib.Path(cache_dir()) / "nvfp4_inductor" / "cudnn_self_check" / f"{stack.key()}.json"
+    return pathlib.Path(cache_dir()) / "nvfp4_inductor" / f"{kind}_self_check" / f"{stack.key()}.json"
 
 
-_VERDICTS: dict[Stack, Verdict] = {}
+_VERDICTS: dict[tuple[str, Stack], Verdict] = {}
 
 
 def verdict(frontend, device: torch.device, stack: Stack, base, caps: Capabilities) -> Verdict:
-    """The verdict for `stack`: this process's, else the cached file's, else ``run`` now
-    (written to the cache, with one warning per failed case)."""
-    if stack in _VERDICTS:
-        return _VERDICTS[stack]
-    path = cache_path(stack)
+    """The cudnn verdict for `stack`: this process's, else the cached file's, else ``run``
+    now (written to the cache, with one warning per failed case)."""
+
+    def consequence(case: Case) -> str:
+        return "its fused step runs unfused" if case.activation else "the cudnn target is off"
+
+    return cached("cudnn", stack, lambda: run(frontend, device, stack, base, caps), consequence)
+
+
+def cached(kind: str, stack: Stack, check: Callable[[], Verdict], consequence: Callable[[Case], str]) -> Verdict:
+    """The `kind` check's verdict for `stack`: this process's, else the cached file's, else
+    ``check()`` now, written to the cache, with one warning per failed case (its wrapper or
+    kernel, the disagreement, and `consequence(case)`: what runs instead)."""
+    if (kind, stack) in _VERDICTS:
+        return _VERDICTS[kind, stack]
+    path = cache_path(stack, kind)
     try:
         found = Verdict.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         found = None
     if found is None or found.stack != stack:
-        log.info("nvfp4: self-checking the cudnn target on %s (once per machine and software stack)", stack.gpu)
-        found = run(frontend, device, stack, base, caps)
+        log.info("nvfp4: self-checking the %s target on %s (once per machine and software stack)", kind, stack.gpu)
+        found = check()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{id(found)}.tmp")
         tmp.write_text(json.dumps(found.to_json(), indent=1))
         tmp.replace(path)  # atomic: a concurrent process reads a whole file or none
         for case in found.cases:
             if not case.ok:
-                warnings.warn(f"nvfp4 cudnn self-check on {stack.gpu}: {case.wrapper}"
+                warnings.warn(f"nvfp4 {kind} self-check on {stack.gpu}: {case.wrapper}"
                               f"{f' ({case.activation})' if case.activation else ''} disagrees: {case.why}; "
-                              + ("its fused step runs unfused" if case.activation else "the cudnn target is off")
-                              + f" (verdict: {path})", stacklevel=2)
-    _VERDICTS[stack] = found
+                              f"{consequence(case)} (verdict: {path})", stacklevel=3)
+    _VERDICTS[kind, stack] = found
     return found
 
 
-def known(stack: Stack) -> Optional[Verdict]:
-    """The verdict this process holds for `stack`, if any."""
-    return _VERDICTS.get(stack)
+def known(stack: Stack, kind: str = "cudnn") -> Optional[Verdict]:
+    """The verdict of the `kind` check this process holds for `stack`, if any."""
+    return _VERDICTS.get((kind, stack))
 
 
 def forget() -> None:

@@ -57,6 +57,10 @@ class Steps:
     # (formats.operand_values). The fused ops ask for it for the forward GEMMs' operands
     # (no dequantize launch); every other copy stays packed.
     deq_operands: bool = False
+    # With deq_operands, only the fused steps' operands (fc1_act_amax's, fc2_dgrad_act's) come
+    # as deq() copies: the plain GEMM steps read packed copies only (the FP4 tensor-core GEMMs,
+    # ``kernels/grouped_gemm_fp4.py``, which multiply the E2M1 codes themselves).
+    packed_gemm_operands: bool = False
     # With recompute, D is rebuilt by ``activation_forward`` from C after the fc2 dgrad step
     # rather than by that step's ``regenerate``: a target whose GEMMs read transient bf16
     # deq() operand copies would otherwise hold D (T x F bf16) beside them, C and dC (the

@@ -6,9 +6,17 @@ outputs match the reference to fp32-accumulation level, not bit for bit). The
 activation kernels take bf16 C (GEMM outputs); other dtypes (fp64 gradcheck) run the
 reference formulas. The fused steps (fc1 + activation + D's amaxes; fc2 dgrad + activation
 backward) are bit-identical to these unfused steps (tests/test_kernels_epilogue.py).
+
+``FP4_STEPS`` (the triton_fp4 target, SM10x): the same table but for the plain GEMM steps,
+which multiply the packed copies on the FP4 tensor cores (``kernels/grouped_gemm_fp4.py``).
+Their sums are the tensor core's, so there a fused step and the unfused steps it replaces
+agree to fp32-accumulation level, not bitwise; the plan picks one for eager and compiled
+runs alike, and D is still the activation of the stored bf16 C (rule 5).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -18,6 +26,7 @@ from ..kernels.activation import activation_forward as _act_fwd_kernel
 from ..kernels.grouped_gemm_act import grouped_gemm_act
 from ..kernels.grouped_gemm_dact import grouped_gemm_dact
 from ..kernels.grouped_gemm_bf16 import grouped_gemm_via_bf16, grouped_gemm_wgrad_via_bf16
+from ..kernels.grouped_gemm_fp4 import grouped_gemm_fp4, grouped_gemm_wgrad_fp4
 from .steps import Steps
 
 
@@ -89,3 +98,12 @@ STEPS = Steps(
     deq_operands=True,  # the casts write the forward GEMMs' operands as deq() (group_cast's ROW_DEQ)
     d_after_dgrad=True,  # D rebuilt after the dgrad, whose bf16 operand copies are gone by then
 )
+
+
+# The triton_fp4 target's table (SM10x-11x, after its self-check: ``triton_fp4_target.py``):
+# the plain grouped GEMMs (fc2 fprop, the dgrads, the wgrads) on Blackwell's FP4 tensor cores,
+# reading the packed copies as the containers hold them (``tl.dot_scaled``, no dequantize
+# pass); the fused fc1 + activation and fc2 dgrad + activation backward keep their
+# bf16-operand kernels and the deq() copies the casts write for them (``packed_gemm_operands``).
+FP4_STEPS = dataclasses.replace(STEPS, grouped_gemm=grouped_gemm_fp4, grouped_gemm_wgrad=grouped_gemm_wgrad_fp4,
+                                packed_gemm_operands=True)
