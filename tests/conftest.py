@@ -16,6 +16,15 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test compiles from a fresh Dynamo: sizes that another test of the same worker
+    compiled (a GroupedMLP of other sizes) would otherwise come back symbolic (automatic
+    dynamic shapes), and a site with symbolic expert weights is rejected -- which tests
+    then fail depends on how xdist orders them."""
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def use_steps():
     """``use_steps(steps, like="reference", inline=False)``: register, for this test only and as the most

@@ -25,14 +25,6 @@ from moe_models import G, H, HFGroupedMMExperts, MixtralEagerExperts, SparseMoeB
 from nvfp4_inductor.compiler.options import BackendOptions
 from nvfp4_inductor.inspection import CompareReport, CompareRow, _compare_tensors, ulps
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from a fresh Dynamo: sizes another test of this worker compiled
-    (a GroupedMLP of other sizes) would otherwise come back symbolic (automatic dynamic
-    shapes), and a site with symbolic expert weights is rejected."""
-    torch._dynamo.reset()
-
 FAST = dict(backend=nv.backend(compiler="aot_eager"))
 COMMON = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=128)
