@@ -113,9 +113,7 @@ class _WaitForCompileWorkers(_ChainedPass):
 
         launches = any(node.target in (triton_kernel_wrapper_functional, triton_kernel_wrapper_mutation)
                        for node in graph.nodes)
-        on_gpu = any(isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].device.type == "cuda"
-                     for node in graph.find_nodes(op="placeholder"))
-        if launches and on_gpu:
+        if launches and _on_gpu(node.meta.get("val") for node in graph.find_nodes(op="placeholder")):
             wait_for_compile_workers()
 
 
@@ -321,8 +319,7 @@ def check_mode(mode: Optional[str], options: BackendOptions) -> None:
 
 def compile_graph(gm, example_inputs, options: BackendOptions, *, mode: Optional[str] = None):
     check_mode(mode, options)
-    if options.compiler == "inductor" and any(
-            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+    if options.compiler == "inductor" and _on_gpu(example_inputs):
         start_compile_workers()
     warn_rejections(rewrite_graph(gm, options))
     return compile_rewritten(gm, example_inputs, options, mode=mode)
@@ -446,6 +443,11 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
             f"{_package_hash().hex()} trace_launches={options.trace_launches}",
     }
     return patches
+
+
+def _on_gpu(values) -> bool:
+    """Whether any of a graph's inputs is a CUDA tensor (where Inductor compiles with workers)."""
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
 
 
 def start_compile_workers() -> None:
