@@ -26,8 +26,13 @@ timeline of the Triton cache: when each kernel's binary and each launcher librar
 written, in seconds from the process's start (which kernels finish last, and whether the
 launchers are built one after another).
 
+``--model qwen3_moe --layers 4`` times a whole transformers model instead (the CausalLM of
+benchmarks/model_step.py's model case, 4 decoder layers on --batch x --seq token ids, its own
+loss; BF16 under stock Inductor against the backend, each row in its own processes as above).
+
     python benchmarks/compile_time.py [--layers 1 4 8] [--shape S3] [--activation swiglu]
         [--only NAME ...] [--profile DIR] [--phases] [--device cuda|cpu] [--compiler inductor|aot_eager]
+        [--model mixtral|olmoe|qwen3_moe [--batch 2] [--seq 2048]]
 
 ``--device cpu --shape tiny --compiler aot_eager --layers 1 2`` is the CPU smoke run
 (tests/test_benchmark_grouped_mlp_smoke.py).
@@ -78,23 +83,38 @@ def implementations(activation, compiler):
     }
 
 
-def measure(run, backend, layers, shape, activation, device, profile_to=None):
+def mlp_workload(run, layers, shape, activation, device):
+    """(function to compile, its inputs, what the step differentiates, the output's gradient)
+    for a stack of `layers` grouped-MLP layers at `shape`."""
     experts, tokens, hidden, ffn, uneven = gm.SHAPES[shape]
     f1 = 2 * ffn if activation == "swiglu" else ffn
     (x, w1, w2, sizes, probs), grad = gm.make_inputs(experts, tokens, hidden, ffn, f1, uneven, device)
     weights = [(w1, w2)] + [(torch.nn.Parameter(w1.detach().clone()), torch.nn.Parameter(w2.detach().clone()))
                             for _ in range(layers - 1)]
-    params = [w for pair in weights for w in pair]
+    return stack(run, layers), (x, weights, sizes, probs), [x, *[w for pair in weights for w in pair], probs], grad
+
+
+def model_workload(family, layers, args):
+    """The same for benchmarks/model_step.py's model case: a transformers CausalLM of `layers`
+    decoder layers on --batch x --seq token ids, its own loss (CPU: model_step's tiny sizes)."""
+    import model_step
+
+    opts = argparse.Namespace(device=args.device, batch=args.batch, seq=args.seq, checkpoint=False)
+    case = model_step.make_case("model", model_step.config_for(family, layers, tiny=args.device == "cpu"), opts)
+    return case.module, case.inputs, case.wrt, None
+
+
+def measure(workload, backend, device, profile_to=None):
+    fn, inputs, wrt, grad = workload
     counters["nvfp4"]["launch_analyses"] = counters["nvfp4"]["launch_analyses_reused"] = 0
     profiler = cProfile.Profile() if profile_to else None
     start = time.perf_counter()
     if profiler:
         profiler.enable()
-    fn = torch.compile(stack(run, layers), backend=backend, dynamic=False)
+    fn = torch.compile(fn, backend=backend, dynamic=False)
 
     def step():
-        y = fn(x, weights, sizes, probs)
-        torch.autograd.grad(y, [x, *params, probs], grad)
+        torch.autograd.grad(fn(*inputs), wrt, grad)
 
     step()
     gm.sync(device)
@@ -133,7 +153,10 @@ def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "")
     cProfile stats of its first step."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"))
     command = [sys.executable, os.path.abspath(__file__), "--row", str(index), str(layers), "--shape", args.shape,
-               "--activation", args.activation, "--device", args.device, "--compiler", args.compiler]
+               "--activation", args.activation, "--device", args.device, "--compiler", args.compiler,
+               "--batch", str(args.batch), "--seq", str(args.seq)]
+    if args.model:
+        command += ["--model", args.model]
     if profile_to:
         command += ["--profile-to", profile_to]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -158,6 +181,12 @@ def main(argv=None) -> list[list[str]]:
     ap.add_argument("--activation", default="swiglu", choices=["srelu", "swiglu"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compiler", default="inductor", choices=["inductor", "aot_eager"])
+    ap.add_argument("--model", choices=["mixtral", "olmoe", "qwen3_moe"],
+                    help="time this transformers family's CausalLM of --layers decoder layers on --batch x --seq "
+                         "tokens (benchmarks/model_step.py's model case; needs transformers) instead of "
+                         "grouped-MLP layers")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--only", nargs="+", metavar="NAME", help="implementations to run (default: all)")
     ap.add_argument("--profile", metavar="DIR", help="cProfile every first step into DIR (.prof files)")
     ap.add_argument("--phases", action="store_true",
@@ -174,8 +203,9 @@ def main(argv=None) -> list[list[str]]:
         ap.error(f"--only: unknown implementation(s) {sorted(unknown)}; choose from {[name for name, _ in impls]}")
     if args.row:
         (_, (run, backend)), layers = impls[args.row[0]], args.row[1]
-        first, analyses, warm, host, phases = measure(run, backend, layers, args.shape, args.activation,
-                                                      args.device, args.profile_to)
+        workload = (model_workload(args.model, layers, args) if args.model
+                    else mlp_workload(run, layers, args.shape, args.activation, args.device))
+        first, analyses, warm, host, phases = measure(workload, backend, args.device, args.profile_to)
         print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases)))
         return []
     print(gm.machine_line(args.device), flush=True)
@@ -205,7 +235,8 @@ def main(argv=None) -> list[list[str]]:
                          f"{cached['host']:.2f}"])
             print(f"[{name}] layers {layers}: first {cold['first']:.1f} s, cached {cached['first']:.1f} s, "
                   f"warm {cached['warm']:.2f} ms, host {cached['host']:.2f} ms", flush=True)
-    print(f"\n{args.shape} {args.activation}, {args.device}, {args.compiler}")
+    what = f"{args.model} CausalLM, {args.batch} x {args.seq} tokens" if args.model else f"{args.shape} {args.activation}"
+    print(f"\n{what}, {args.device}, {args.compiler}")
     print(format_table(HEADERS, rows))
     return rows
 

@@ -841,6 +841,30 @@ def test_a_pool_that_does_not_start_leaves_the_compile_in_this_process(monkeypat
     assert "compile workers did not start (no worker answered)" in caplog.text
 
 
+def test_the_compile_workers_start_with_static_launch_of_our_kernels(monkeypatch):
+    """Each worker decides, from the environment it starts with, whether a user-written kernel
+    is launched by Inductor's static launcher (no C launcher built with gcc in this process);
+    this process gets the same setting through the compile's config patches, and its own
+    environment is left as it was."""
+    from torch._inductor import async_compile, config
+
+    from nvfp4_inductor.compiler import backend
+    from nvfp4_inductor.compiler.options import BackendOptions
+
+    seen = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: seen.append(os.environ.get(backend.STATIC_LAUNCH_ENV)))
+    monkeypatch.delenv(backend.STATIC_LAUNCH_ENV, raising=False)
+    backend.start_compile_workers()
+    assert seen == ["1"] and backend.STATIC_LAUNCH_ENV not in os.environ
+    monkeypatch.setenv(backend.STATIC_LAUNCH_ENV, "0")
+    backend.start_compile_workers()
+    assert seen == ["1", "1"] and os.environ[backend.STATIC_LAUNCH_ENV] == "0"
+    patches = backend.inductor_patches(None, BackendOptions.parse({}))
+    assert patches["static_launch_user_defined_triton_kernels"] is True
+    with config.patch(patches):  # a setting of this torch's Inductor
+        assert config.static_launch_user_defined_triton_kernels
+
+
 @pytest.mark.parametrize("device, compiler, starts", [("cuda", "inductor", True), ("cpu", "inductor", False),
                                                       ("cuda", "aot_eager", False)])
 def test_the_compile_workers_start_when_a_gpu_graph_reaches_inductor(monkeypatch, device, compiler, starts):

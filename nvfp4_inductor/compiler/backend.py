@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import time
 import warnings
 from typing import Optional
@@ -437,6 +438,7 @@ def inductor_patches(mode: Optional[str], options: BackendOptions, *, traced: bo
     patches["post_grad_custom_post_pass"] = _HoistSiteRecompute(
         then=_WaitForCompileWorkers(then=config.post_grad_custom_post_pass))
     patches["joint_custom_pre_pass"] = _RecomputeEmptyPlaceholders(then=config.joint_custom_pre_pass)
+    patches["static_launch_user_defined_triton_kernels"] = True  # as in the workers: start_compile_workers
     patches["unsafe_marked_cacheable_functions"] = {
         **config.unsafe_marked_cacheable_functions,
         f"{fused_grouped_mlp.__module__}.{fused_grouped_mlp.__name__}":
@@ -450,14 +452,35 @@ def _on_gpu(values) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
 
 
+# Inductor's setting for launching user-written Triton kernels through its static launcher;
+# a compile worker reads it from the environment it starts with (it decides the launcher)
+STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+
+
 def start_compile_workers() -> None:
     """Start Inductor's pool of compile worker processes now, as the stock "inductor"
     backend does when Dynamo first calls it (``maybe_warm_pool``): the pool takes seconds
     to start, and until it is up Inductor compiles every kernel in this process, one after
-    another (``AsyncCompile.use_process_pool``)."""
+    another (``AsyncCompile.use_process_pool``).
+
+    The pool starts with Inductor's static launch of user-written kernels on (the same
+    setting ``inductor_patches`` gives this process): each of our kernels is then launched
+    from its binary by Inductor's launcher instead of a C launcher that Triton builds with
+    gcc, in this process, one after another, when the compiled kernels are loaded (~0.2 s
+    per kernel signature, 11 in a layer's step). A kernel Inductor cannot launch so (the
+    TMA GEMMs, which need scratch memory) keeps Triton's launcher. A pool that was already
+    running keeps its own setting."""
     from torch._inductor.async_compile import maybe_warm_pool
 
-    maybe_warm_pool()
+    before = os.environ.get(STATIC_LAUNCH_ENV)
+    os.environ[STATIC_LAUNCH_ENV] = "1"
+    try:
+        maybe_warm_pool()
+    finally:
+        if before is None:
+            del os.environ[STATIC_LAUNCH_ENV]
+        else:
+            os.environ[STATIC_LAUNCH_ENV] = before
 
 
 def wait_for_compile_workers() -> None:
