@@ -413,20 +413,39 @@ def _short(value) -> str:
     return str(value)
 
 
+def specialisation(v: Variant) -> dict[str, str]:
+    """Per runtime argument, what Triton made of it beyond its type: a constant (None
+    pointers, integers equal to 1) or its divisibility by 16."""
+    constants = {path[0]: value for path, value in v.src.constants.items()}
+    attrs = {path[0]: value for path, value in v.src.attrs.items()}
+    out = {}
+    for i, param in enumerate(v.launch.kernel.params):
+        if param.is_constexpr:
+            continue
+        out[param.name] = f"={constants[i]}" if i in constants else ("%16" if i in attrs else "%16!=0")
+    return out
+
+
 def distinguishing(variants: list[Variant]) -> dict[int, str]:
     """Per variant, its constexprs and launch options that differ among the variants of its
-    kernel (tensor dtypes and None pointers where the constexprs do not already differ)."""
+    kernel; where those are alike, how Triton specialised their runtime arguments (a None
+    pointer, an integer equal to 1 or not a multiple of 16)."""
     out = {}
     by_kernel: dict = {}
     for v in variants:
         by_kernel.setdefault(v.name, []).append(v)
     for group in by_kernel.values():
-        constexpr = {p.name for p in group[0].launch.kernel.params if p.is_constexpr}
-        fields = [(n, lambda v, n=n: v.launch.args[n]) for n in group[0].launch.kernel.arg_names if n in constexpr]
-        fields += [(n, lambda v, n=n: v.launch.options.get(n)) for n in SPECIAL_OPTIONS if n != "num_warps"]
-        varying = [(n, get) for n, get in fields if len({repr(get(v)) for v in group}) > 1]
+        kernel = group[0].launch.kernel
+        fields = [(p.name, lambda v, n=p.name: _short(v.launch.args[n])) for p in kernel.params if p.is_constexpr]
+        fields += [(n, lambda v, n=n: _short(v.launch.options.get(n))) for n in SPECIAL_OPTIONS if n != "num_warps"]
+        specs = {id(v): specialisation(v) for v in group}
+        runtime = [(p.name, lambda v, n=p.name: specs[id(v)][n]) for p in kernel.params if not p.is_constexpr]
+        labels = {id(v): " ".join(f"{n}={get(v)}" for n, get in fields if len({get(w) for w in group}) > 1)
+                  for v in group}
         for v in group:
-            out[id(v)] = " ".join(f"{n}={_short(get(v))}" for n, get in varying)
+            alike = [w for w in group if labels[id(w)] == labels[id(v)]]  # told apart by their arguments only
+            parts = [f"{n}{get(v)}" for n, get in runtime if len({get(w) for w in alike}) > 1 and get(v) != "%16"]
+            out[id(v)] = " ".join([labels[id(v)]] * bool(labels[id(v)]) + parts)
     return out
 
 
