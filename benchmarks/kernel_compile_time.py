@@ -49,7 +49,9 @@ alternative is as fast at run time needs a GPU.
 
 ``--until ttir`` stops every compile after that stage (the smoke test,
 tests/test_benchmark_grouped_mlp_smoke.py, compiles the tiny shape's amax kernels to TTIR).
-Run it without TRITON_INTERPRET: the interpreter cannot trace launches.
+Run it without TRITON_INTERPRET: the interpreter cannot trace launches. Triton's own
+``MLIR_ENABLE_TIMING=1`` additionally prints every MLIR pass's time (which TTGIR pass it is:
+on the CPU, TritonGPUCoalesce took 1.5-3.0 s of the slow casts' 2-3.6 s TTGIR stage).
 """
 
 from __future__ import annotations
@@ -540,7 +542,8 @@ INVESTIGATION_HEADERS = ["changed", "d front", *[f"d {s}" for s in STAGES], "tot
 # ---------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> list[list[str]]:
+    """The table's rows (slowest variant first)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="S3", choices=sorted(gm.SHAPES))
     parser.add_argument("--activation", default="swiglu", choices=["srelu", "tanh_srelu", "swiglu"])
@@ -553,7 +556,7 @@ def main() -> None:
     parser.add_argument("--investigate", type=int, default=2,
                         help="the slowest _group_cast_kernel variants to recompile with one choice changed")
     parser.add_argument("--json", default="", help="write the rows and the investigation to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from nvfp4_inductor.kernels import _registry
 
@@ -617,6 +620,7 @@ def main() -> None:
               + format_table(INVESTIGATION_HEADERS, r))
     print(f"\n{args.shape} {args.activation}, one layer, fw + bw on {device}, Triton {triton.__version__}: "
           "each distinct variant's cold compile by stage (s)\n" + format_table(HEADERS, rows) + "\n" + summary)
+    return rows
 
 
 def _warm_up(target) -> None:
