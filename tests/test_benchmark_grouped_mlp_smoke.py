@@ -359,3 +359,52 @@ def test_inkernel_decode_gemm_equals_the_gemm_on_deq_values(capsys):
     with pytest.raises(SystemExit):
         dec.main(["--shapes", "128x128x128"])
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_kernel_compile_time_records_and_times_the_casts_on_cpu(tmp_path):
+    """benchmarks/kernel_compile_time.py at the tiny shape, its group casts only, each
+    compiled to TTIR (in a child without the interpreter, on its stand-in sm_90): every
+    variant a row of its own label with its front end and TTIR timed and nothing after;
+    the slowest one compiled again with one choice changed."""
+    import json
+
+    out = tmp_path / "out.json"
+    rows = _main_in_child("kernel_compile_time", ["--shape", "tiny", "--activation", "srelu", "--only",
+                                                  "_group_cast_kernel", "--until", "ttir", "--investigate", "1",
+                                                  "--json", str(out)], tmp_path)
+    import kernel_compile_time as kct
+
+    cells = [dict(zip(kct.HEADERS, row)) for row in rows]
+    assert len(cells) >= 4 and {c["kernel"] for c in cells} == {"_group_cast_kernel"}
+    assert len({c["variant"] for c in cells}) == len(cells)  # each variant told apart
+    for c in cells:
+        assert float(c["front s"]) > 0 and float(c["ttir s"]) > 0 and int(c["TTIR lines"]) > 0, c
+        assert c["ttgir s"] == c["cubin s"] == c["PTX lines"] == "", c  # --until ttir
+    assert [float(c["total s"]) for c in cells] == sorted((float(c["total s"]) for c in cells), reverse=True)
+    (investigated,) = json.loads(out.read_text())["investigation"]
+    assert investigated["label"] == cells[0]["variant"]
+    changed = [r[0] for r in investigated["rows"]]
+    assert any(c.startswith("BK=") for c in changed) and any(c.startswith("num_warps=") for c in changed)
+
+
+def test_kernel_compile_time_alternatives_are_the_launchers_choices():
+    """Each alternative changes one choice to another value group_cast's launcher could
+    pass: EVEN_K follows BK, SR brings its seed pointer, TOKEN_UNROLL only where it shapes
+    the code (row-wise-only 1D casts), SHARED_CODES only off from on."""
+    import kernel_compile_time as kct
+
+    bf16 = kct.TensorArg(torch.bfloat16, True)
+    row_only = dict(K=768, ROWWISE=True, COLUMNWISE=False, BLOCK_2D=False, RHT=False, SIGN_MASK=0, SR=False,
+                    seed_ptr=None, SHARED_CODES=False, ROW_DEQ=True, row_data_ptr=bf16, BM=16, BK=256, EVEN_K=True,
+                    K_BLOCKS=2, TOKEN_UNROLL=1)
+    alternatives = {label: (args, options) for label, args, options in kct.cast_alternatives(row_only,
+                                                                                              {"num_warps": 1})}
+    assert {"TOKEN_UNROLL=16", "BK=512", "num_warps=4", "SR=1", "ROW_DEQ=0"} <= set(alternatives)
+    assert "BK=256" not in alternatives and "num_warps=1" not in alternatives and "RHT=1" not in alternatives
+    assert alternatives["BK=512"][0]["EVEN_K"] is False and alternatives["BK=512"][0]["BK"] == 512
+    assert alternatives["SR=1"][0]["seed_ptr"] == kct.TensorArg(torch.int64, True)
+    assert alternatives["ROW_DEQ=0"][0]["row_data_ptr"].dtype == torch.uint8
+    assert alternatives["num_warps=4"][1] == {"num_warps": 4}
+    column_2d = dict(row_only, ROWWISE=True, COLUMNWISE=True, BLOCK_2D=True, SHARED_CODES=True)
+    labels = [label for label, _, _ in kct.cast_alternatives(column_2d, {"num_warps": 4})]
+    assert "SHARED_CODES=0" in labels and not any(label.startswith(("TOKEN_UNROLL", "SR", "RHT")) for label in labels)
