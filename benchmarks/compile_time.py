@@ -11,8 +11,9 @@ process, twice, with a fresh Inductor and Triton cache directory of its own: the
 process compiles everything ("first s", as a user's first run on a machine), the second
 finds what the first wrote to disk ("cached s", every later run). Columns: both first steps,
 the per-layer slope of the cached first step against the one-layer row, the launch analyses
-torch ran and those answered from the table (compiler/launch_analysis.py), the warm step
-and its host time (from the second process). The timed first step includes the
+torch ran in the first process and those answered from the table (compiler/launch_analysis.py;
+the second process loads AOTAutograd's cache and traces nothing), the warm step and its host
+time (from the second process). The timed first step includes the
 ``torch.compile`` call: looking the backend up is part of what a user waits for (the
 "inductor" backend imports Inductor's compiler there, ours at its first compile).
 ``--profile DIR`` runs both processes' first steps under cProfile, writes the stats to DIR
@@ -102,6 +103,13 @@ def model_workload(family, layers, args):
     opts = argparse.Namespace(device=args.device, batch=args.batch, seq=args.seq, checkpoint=False)
     case = model_step.make_case("model", model_step.config_for(family, layers, tiny=args.device == "cpu"), opts)
     return case.module, case.inputs, case.wrt, None
+
+
+def model_step_version() -> str:
+    """transformers' version, for the log of a --model run."""
+    import transformers
+
+    return transformers.__version__
 
 
 def measure(workload, backend, device, profile_to=None):
@@ -208,7 +216,7 @@ def main(argv=None) -> list[list[str]]:
         first, analyses, warm, host, phases = measure(workload, backend, args.device, args.profile_to)
         print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases)))
         return []
-    print(gm.machine_line(args.device), flush=True)
+    print(gm.machine_line(args.device) + (f"; transformers {model_step_version()}" if args.model else ""), flush=True)
     rows = []
     for index, (name, _) in enumerate(impls):
         if args.only and name not in args.only:
@@ -231,7 +239,7 @@ def main(argv=None) -> list[list[str]]:
             one = (layers, cached["first"]) if one is None else one
             slope = (cached["first"] - one[1]) / (layers - one[0]) if layers > one[0] else None
             rows.append([name, str(layers), f"{cold['first']:.1f}", f"{cached['first']:.1f}",
-                         "-" if slope is None else f"{slope:.2f}", cached["analyses"], f"{cached['warm']:.2f}",
+                         "-" if slope is None else f"{slope:.2f}", cold["analyses"], f"{cached['warm']:.2f}",
                          f"{cached['host']:.2f}"])
             print(f"[{name}] layers {layers}: first {cold['first']:.1f} s, cached {cached['first']:.1f} s, "
                   f"warm {cached['warm']:.2f} ms, host {cached['host']:.2f} ms", flush=True)
