@@ -105,7 +105,7 @@ def model_workload(family, layers, args):
     return case.module, case.inputs, case.wrt, None
 
 
-def model_step_version() -> str:
+def transformers_version() -> str:
     """transformers' version, for the log of a --model run."""
     import transformers
 
@@ -216,7 +216,7 @@ def main(argv=None) -> list[list[str]]:
         first, analyses, warm, host, phases = measure(workload, backend, args.device, args.profile_to)
         print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases)))
         return []
-    print(gm.machine_line(args.device) + (f"; transformers {model_step_version()}" if args.model else ""), flush=True)
+    print(gm.machine_line(args.device) + (f"; transformers {transformers_version()}" if args.model else ""), flush=True)
     rows = []
     for index, (name, _) in enumerate(impls):
         if args.only and name not in args.only:
