@@ -1,7 +1,11 @@
 import os
 
-# Compiled-path tests must never be answered by a cache filled by older code.
-os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+from compile_caches import GRAPH_CACHES_OFF
+
+# Compiled-path tests must never be answered by a cache filled by older code (compile_caches.py).
+# Before torch is imported: its configs read these variables once, at import.
+for _name, _value in GRAPH_CACHES_OFF.items():
+    os.environ.setdefault(_name, _value)
 
 # --- nvfp4_inductor.kernels: Triton interpreter on machines without CUDA -----------------
 # Must run before anything imports triton: triton.jit reads the interpret setting when a

@@ -18,6 +18,7 @@ import torch
 import nvfp4_inductor as nv
 from moe_models import BMM, ExpertLoop, GroupedMM, HFGroupedMMExperts, SparseMoeBlock
 from _assertions import assert_bytes_equal
+from compile_caches import with_graph_caches
 
 ACTS = ["srelu_pow", "tanh_srelu", "swiglu_chunk"]
 
@@ -352,9 +353,9 @@ def test_aotautograd_cache_takes_a_rewritten_graph(tmp_path):
     constants and no class of ours (GroupedMLP's Recipe constructor is erased with the
     site), so AOTAutograd's cache stores it and a later compile of the same graph loads it
     instead of tracing the fused ops again; other options (recompute, trace_launches) are
-    other entries. In a process of its own: conftest turns the caches off for the suite
-    through an environment variable that no config patch overrides."""
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
+    other entries. In a process of its own, with the caches the suite turns off on
+    (compile_caches.py)."""
+    env = with_graph_caches(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
     options = [{}, {}, {"recompute": False}, {"trace_launches": False}]
     out = subprocess.run([sys.executable, "-c", _CACHE_STEPS, json.dumps(options)], env=env, capture_output=True,

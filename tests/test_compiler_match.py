@@ -7,21 +7,17 @@ also runs forward + backward through AOTAutograd and checks that changing the ro
 does not recompile.
 """
 
-import os
+import dataclasses
+import functools
+import operator
 
-os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # before anything compiles
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.backends.debugging import aot_eager
 
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
-import operator  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch._dynamo.backends.debugging import aot_eager  # noqa: E402
-
-import moe_models as mm  # noqa: E402
-from nvfp4_inductor.compiler.rewrite import find_sites, rewrite_sites  # noqa: E402
+import moe_models as mm
+from nvfp4_inductor.compiler.rewrite import find_sites, rewrite_sites
 
 
 

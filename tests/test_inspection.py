@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import nvfp4_inductor as nv
+from compile_caches import with_graph_caches
 from moe_models import G, H, HFGroupedMMExperts, MixtralEagerExperts, SparseMoeBlock
 from nvfp4_inductor.compiler.options import BackendOptions
 from nvfp4_inductor.inspection import CompareReport, CompareRow, _compare_tensors, ulps
@@ -450,9 +451,9 @@ def test_dump_code_writes_the_same_files_whatever_the_caches_hold(tmp_path):
     """With warm caches, Inductor's and AOTAutograd's cache hits used to skip the steps whose
     graphs depyf writes (the rewritten graph, the AOT forward and backward): dump_code turns
     the caches off while it compiles. Once in a process that warmed the caches and then
-    dumped twice, once in a new process on those caches (conftest turns them off for the
-    suite, so both run without its variable), with Dynamo's graph names renumbered."""
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
+    dumped twice, once in a new process on those caches (both with the caches the suite
+    turns off on: compile_caches.py), with Dynamo's graph names renumbered."""
+    env = with_graph_caches(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")
 
     def dumps(*args):

@@ -10,12 +10,8 @@ other classes of a form run the same ``grouped_mm_experts_forward`` on the same 
 module; the scan checks each of them is recognised).
 """
 
-import os
-
-os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # before anything compiles
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
