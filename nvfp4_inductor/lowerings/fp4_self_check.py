@@ -36,8 +36,6 @@ counts the checks run.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import time
 from typing import Optional
 
 import torch
@@ -151,25 +149,13 @@ def check_case(device: torch.device, steps: Steps, field: str, seed: int = 0) ->
     return self_check.Case(step, kernel, None, why is None, why or "")
 
 
-@torch.compiler.disable  # real kernels on real tensors, never a compiled frame of its own
 def run(device: torch.device, stack: self_check.Stack, steps: Steps, caps: Capabilities) -> self_check.Verdict:
-    """Every case, then the training step (module docstring); outside every dispatch mode, as
-    ``self_check.run`` (the probe is first asked while Dynamo propagates fake tensors)."""
-    from torch._dynamo.utils import counters
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes(), torch.enable_grad():
-        counters["nvfp4"]["triton_fp4_self_check_runs"] += 1
-        start = time.perf_counter()
-        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        cases = tuple(check_case(device, steps, field) for _, field in CASES)
-        step_check = self_check.training_step_check()
-        if all(c.ok for c in cases) and step_check is not None:
-            srelu = dataclasses.replace(caps, fused_activations=caps.fused_activations & {"srelu"},
-                                        fused_dgrad_activations=None)
-            why = step_check(srelu, lambda: steps, device)
-            cases += (self_check.Case("training step", "fused ops == eager chain", None, why is None, why or ""),)
-        return self_check.Verdict(stack, date, round(time.perf_counter() - start, 3), cases)
+    """Every case, then the training step (module docstring; ``self_check.checked``)."""
+    srelu = dataclasses.replace(caps, fused_activations=caps.fused_activations & {"srelu"},
+                                fused_dgrad_activations=None)
+    return self_check.checked("triton_fp4_self_check_runs", stack,
+                              lambda: tuple(check_case(device, steps, field) for _, field in CASES),
+                              lambda partial, step_check: step_check(srelu, lambda: steps, device))
 
 
 def verdict(device: torch.device, stack: self_check.Stack, steps: Steps, caps: Capabilities) -> self_check.Verdict:

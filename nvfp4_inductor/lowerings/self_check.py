@@ -7,6 +7,7 @@ software stack, before any plan names the target (docs/blackwell.md).
                                                    triton_fp4 target's: fp4_self_check.py)
     known(stack, kind) / forget()                  this process's verdicts
     run(frontend, device, stack, base, caps)       every Case below, then one training step
+    checked(counter, stack, cases, step)           the same for any self-check's cases
     restricted(caps, verdict)                the target's Capabilities less what failed
 
 Cases (``CASES``), each a step of the cudnn step table (``cudnn.make_steps``) on small
@@ -81,7 +82,6 @@ class Stack:
     cutlass_dsl: str
     package: str
     triton: str  # the quantizers' and the triton_fp4 GEMMs' compiler
-
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:24]
@@ -384,30 +384,37 @@ def training_step_check() -> Optional[TrainingStepCheck]:
     return _TRAINING_STEP_CHECK[0] if _TRAINING_STEP_CHECK else None
 
 
-@torch.compiler.disable  # real kernels on real tensors, never a compiled frame of its own
 def run(frontend, device: torch.device, stack: Stack, base, caps: Capabilities) -> Verdict:
-    """Every case, then the training step over the restricted table (module docstring).
-    Outside every dispatch mode: the eager chain first asks for its plan while Dynamo
-    propagates fake tensors through its graph node (or AOTAutograd traces it), and the check
-    needs real values."""
+    """Every case, then the training step over the restricted table (module docstring)."""
+    return checked("cudnn_self_check_runs", stack,
+                   lambda: tuple(check_case(frontend, device, w, a) for _, w, a in CASES),
+                   lambda partial, step_check: step_check(restricted(caps, partial),
+                                                          lambda: cd.make_steps(frontend, base), device))
+
+
+@torch.compiler.disable  # real kernels on real tensors, never a compiled frame of its own
+def checked(counter: str, stack: Stack, cases: Callable[[], tuple[Case, ...]],
+            step: Callable[[Verdict, TrainingStepCheck], Optional[str]]) -> Verdict:
+    """A self-check's verdict (this module's and fp4_self_check.py's): `cases()`, then, where
+    they refuse nothing and a training-step check is registered, `step(partial verdict,
+    check)` (why the fused ops differ from the eager chain, or None) as one more case;
+    dated, timed, counted in ``counters["nvfp4"][counter]``. Outside every dispatch mode: the
+    eager chain first asks for its plan while Dynamo propagates fake tensors through its
+    graph node (or AOTAutograd traces it), and the check needs real values."""
     from torch._dynamo.utils import counters
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.enable_grad():
-        return _run(frontend, device, stack, base, caps, counters)
-
-
-def _run(frontend, device, stack, base, caps, counters) -> Verdict:
-    counters["nvfp4"]["cudnn_self_check_runs"] += 1
-    start = time.perf_counter()
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cases = tuple(check_case(frontend, device, w, a) for _, w, a in CASES)
-    partial = Verdict(stack, date, 0.0, cases)
-    step_check = training_step_check()
-    if partial.refusal is None and step_check is not None:
-        why = step_check(restricted(caps, partial), lambda: cd.make_steps(frontend, base), device)
-        cases += (Case("training step", "fused ops == eager chain", None, why is None, why or ""),)
-    return Verdict(stack, date, round(time.perf_counter() - start, 3), cases)
+        counters["nvfp4"][counter] += 1
+        start = time.perf_counter()
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        found = cases()
+        partial = Verdict(stack, date, 0.0, found)
+        step_check = training_step_check()
+        if partial.refusal is None and step_check is not None:
+            why = step(partial, step_check)
+            found += (Case("training step", "fused ops == eager chain", None, why is None, why or ""),)
+        return Verdict(stack, date, round(time.perf_counter() - start, 3), found)
 
 
 def restricted(caps: Capabilities, verdict: Verdict) -> Capabilities:
