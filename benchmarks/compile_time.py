@@ -20,7 +20,8 @@ time (from the second process). The timed first step includes the
 (``<row>_cold.prof``, ``<row>_cached.prof``, for pstats or snakeviz) and prints the cached
 step's 30 slowest functions by own time.
 
-``--phases`` prints, per row, where the cold first step went: the compile phases torch times
+``--phases`` prints, per row, where the cold first step went (and the backend's progress
+lines, its logger at INFO): the compile phases torch times
 itself (``dynamo_timed``: Dynamo, AOTAutograd, Inductor's lowering, code generation, the wait
 on its compile workers; summed over graphs, nested phases inside their parents), and a
 timeline of the Triton cache: when each kernel's binary and each launcher library was
@@ -155,11 +156,14 @@ def profile_path(directory: str, name: str, layers: int, run: str) -> str:
     return os.path.join(directory, f"{re.sub(r'[^a-z0-9]+', '_', name.lower()).strip('_')}_{layers}_{run}.prof")
 
 
-def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "") -> dict:
+def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "", logs: bool = False) -> dict:
     """One row's measurement in a new process whose Inductor and Triton caches live in
     `cache_dir` (reused by the row's second process); `profile_to`: a file for the
-    cProfile stats of its first step."""
+    cProfile stats of its first step; `logs`: the backend's progress lines (its logger at
+    INFO), kept under "logs"."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"))
+    if logs:
+        env["TORCH_LOGS"] = "nvfp4_inductor"
     command = [sys.executable, os.path.abspath(__file__), "--row", str(index), str(layers), "--shape", args.shape,
                "--activation", args.activation, "--device", args.device, "--compiler", args.compiler,
                "--batch", str(args.batch), "--seq", str(args.seq)]
@@ -170,16 +174,20 @@ def run_row(index: int, layers: int, args, cache_dir: str, profile_to: str = "")
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"row {index} ({layers} layers) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row["logs"] = [line for line in done.stderr.splitlines() if "nvfp4:" in line] if logs else []
+    return row
 
 
-def print_phases(name: str, layers: int, phases: dict, timeline: list[list[str]]) -> None:
+def print_phases(name: str, layers: int, phases: dict, timeline: list[list[str]], logs: list[str]) -> None:
     top = sorted(phases.items(), key=lambda item: -item[1])[:25]
     print(f"[{name}] layers {layers}: cold first step, torch's compile phases (s, summed over graphs)\n"
           + format_table(["phase", "s"], [[phase, f"{s:.2f}"] for phase, s in top]), flush=True)
     print(f"[{name}] layers {layers}: cold first step, Triton cache written (s from the process's start)\n"
           + (format_table(["s", "what", "name"], timeline) if timeline else "(nothing: no Triton kernel compiled)"),
           flush=True)
+    if logs:
+        print(f"[{name}] layers {layers}: cold first step, the backend's progress lines\n" + "\n".join(logs), flush=True)
 
 
 def main(argv=None) -> list[list[str]]:
@@ -225,10 +233,11 @@ def main(argv=None) -> list[list[str]]:
         for layers in sorted(args.layers):
             with tempfile.TemporaryDirectory() as cache_dir:
                 started = time.time()
-                cold = run_row(index, layers, args, cache_dir, profile_path(args.profile, name, layers, "cold"))
+                cold = run_row(index, layers, args, cache_dir, profile_path(args.profile, name, layers, "cold"),
+                               logs=args.phases)
                 if args.phases:
                     print_phases(name, layers, cold["phases"],
-                                 triton_cache_timeline(os.path.join(cache_dir, "triton"), started))
+                                 triton_cache_timeline(os.path.join(cache_dir, "triton"), started), cold["logs"])
                 profile_to = profile_path(args.profile, name, layers, "cached")
                 cached = run_row(index, layers, args, cache_dir, profile_to)
             if profile_to:

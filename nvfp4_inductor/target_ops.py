@@ -22,6 +22,7 @@ from typing import Iterator, Optional
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .lowerings import choose_target, get_target
 
@@ -48,6 +49,24 @@ def inlines(target: Optional[str], device) -> bool:
     return _ENABLED and chosen.inline()
 
 
+class _BodiesRun(TorchDispatchMode):
+    """``bodies_run``'s mode: ops made with ``target_op`` run their bodies where their target
+    inlines (as when AOTAutograd traces them); every other op runs as it would."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def bodies_run() -> Iterator[None]:
+    """Inside the block, an op made with ``target_op`` whose target inlines runs its body,
+    as when traced, without tracing: on fake tensors, the body's kernel launches are named
+    (and skipped) without torch's functionalization and launch analysis
+    (compiler/early_compile.py)."""
+    with _BodiesRun():
+        yield
+
+
 def target_op(name: str):
     """``torch.library.custom_op(name, fn, mutates_args=())`` for a body whose ``target``
     argument names the target it runs, inlined when traced where that target allows."""
@@ -68,6 +87,7 @@ def target_op(name: str):
             return mode.__torch_dispatch__(func, types, args, kwargs)
 
         op.register_torch_dispatch(FunctionalTensorMode, functional_rule)
+        op.register_torch_dispatch(_BodiesRun, functional_rule)
         return op
 
     return register

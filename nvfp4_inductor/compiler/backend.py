@@ -30,6 +30,7 @@ from .. import kernels
 from ..lowerings import Plan, SiteSpec, choose_plan, get_target
 from ..recipe import Recipe
 from ..target_ops import launches_traced
+from . import early_compile
 from .fused import fused_grouped_mlp, site_options
 from .launch_analysis import launches_analysed_once
 from .legality import weight_shape
@@ -116,6 +117,7 @@ class _WaitForCompileWorkers(_ChainedPass):
                        for node in graph.nodes)
         if launches and _on_gpu(node.meta.get("val") for node in graph.find_nodes(op="placeholder")):
             wait_for_compile_workers()
+            early_compile.wait()
 
 
 class _RecomputeEmptyPlaceholders(_ChainedPass):
@@ -343,8 +345,11 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
         else:
             from torch._inductor.compile_fx import compile_fx
 
+            traced = traces_launches(gm, options)
+            if traced and _on_gpu(example_inputs) and early_compile.workers_available():
+                early_compile.start(gm, example_device(gm), grad=torch.is_grad_enabled())
             compiled = compile_fx(gm, example_inputs, inner_compile=_inner_compile,
-                                  config_patches=inductor_patches(mode, options, traced=traces_launches(gm, options)))
+                                  config_patches=inductor_patches(mode, options, traced=traced))
     if sites:
         log.info("nvfp4: AOTAutograd traced the graph%s in %.1f s",
                  " and Inductor compiled its forward (a backward compiles at its first call)"
@@ -513,7 +518,7 @@ def _inner_compile(*args, **kwargs):
                  "Triton's caches", which, launches, len(names))
         log.debug("nvfp4: the %s graph's Triton kernels: %s", which, ", ".join(sorted(names)))
     start = time.perf_counter()
-    with launches_analysed_once():
+    with launches_analysed_once(), early_compile.compiling(which):
         compiled = compile_fx_inner(*args, **kwargs)
     if names:
         log.info("nvfp4: Inductor compiled the %s graph in %.1f s", which, time.perf_counter() - start)

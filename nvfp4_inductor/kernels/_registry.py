@@ -23,8 +23,10 @@ makes ~30 such calls), which shapes with little GPU work per step cannot hide.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from typing import Iterator, Optional
 
 import torch
 import triton
@@ -54,10 +56,28 @@ def launch(kernel, grid, **kwargs) -> None:
     Inductor's generated call for a traced launch shows -1 there (its mark for such a
     constant) instead of a tensor that reads as an operand."""
     if any(isinstance(v, FakeTensor) for v in kwargs.values()):
+        if _recorded is not None:
+            _recorded.append((kernel, tuple(grid), kwargs))
         return
     if any(is_zero(g) for g in grid):  # (a data-dependent grid is launched: Triton skips it when empty)
         return
     (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
+
+
+_recorded: Optional[list] = None  # where ``recording_launches`` collects launches on FakeTensors
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list]:
+    """Inside the block, each launch on FakeTensors (which ``launch`` skips) is appended to
+    the list yielded, as (kernel, grid, keyword arguments): the kernels a body would run on
+    those shapes, known without tracing it (compiler/early_compile.py)."""
+    global _recorded
+    before, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = before
 
 
 def cdiv(a: int, b: int) -> int:

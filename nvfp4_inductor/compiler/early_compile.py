@@ -1,0 +1,381 @@
+"""Our kernels compiled as soon as a graph's grouped MLPs are known, not when Inductor asks.
+
+Inductor compiles the kernels a graph launches when it loads the graph's generated code:
+the forward's after AOTAutograd's two traces and the post-grad passes, the backward's at
+its first call, after the forward's kernels have compiled and run. Our slowest kernels
+take 3-7 s each to compile on an H100 (docs/performance.md), so a cold first step waited
+for them twice, one graph after the other, each time after seconds of tracing.
+
+Here, right after the rewrite (``start``), each site's forward and backward op bodies run
+on fake tensors: they launch nothing but name every kernel, grid and argument
+(``kernels._registry.recording_launches``). Each launch becomes the source Inductor's
+wrapper writes for it -- Inductor's own ``define_user_defined_triton_kernel``, run on a
+stand-in graph whose tensors are graph inputs -- and goes to Inductor's compile workers.
+When Inductor later compiles that kernel, Triton's cache has it: Triton keys a binary on
+the kernel's source and its line in the file, its signature, its specialisation (pointer
+alignment, integers divisible by 16 or equal to 1) and its launch options, all the same
+here. Only the decorator's metadata differs (the kernel's name within the graph), which
+Triton does not read.
+
+Before Inductor generates a graph's code, the backend's last post-grad pass waits for the
+early compiles of that graph's phase (``wait``): Inductor's request then finds the binary,
+instead of compiling the kernel again beside an early compile still under way. Each source
+is submitted once per process; in a process whose Triton cache is warm, the workers only
+load the binaries.
+
+A launch whose arguments are symbolic (dynamic shapes) is left to Inductor, as is every
+kernel where there are no compile workers (``compile_threads`` 1): compiling here would
+then run in this process, before the trace, and not beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import time
+from concurrent.futures import Future
+from typing import Any, Iterator, Optional
+
+import torch
+
+from .nodes import val
+
+log = logging.getLogger(__name__)
+
+FORWARD, BACKWARD = "forward", "backward"
+
+_submitted: dict[str, Future] = {}  # source -> its compile in a worker (once per process)
+_pending: dict[str, list[tuple[str, Future]]] = {FORWARD: [], BACKWARD: []}  # phase -> (kernel, compile)
+_phase: Optional[str] = None  # the phase of the graph Inductor compiles now (``compiling``)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One recorded launch, as torch's tracing hands it to Inductor: the kernel (a one-config
+    Autotuner where the launch passed num_warps / num_stages), its grid and its arguments."""
+
+    phase: str
+    kernel: Any
+    grid: tuple
+    kwargs: dict
+
+
+# ---------------------------------------------------------------------------------------
+# Recording a site's launches
+
+
+def _fake_like(value, mode):
+    if not isinstance(value, torch.Tensor):
+        return value
+    with mode:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device,
+                                   requires_grad=value.requires_grad)
+
+
+def _describe(value):
+    """A site argument as its launches depend on it."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.requires_grad
+    return value
+
+
+def _symbolic(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def site_launches(node: torch.fx.Node, *, grad: bool) -> Optional[list[Launch]]:
+    """The launches of one rewritten site (a ``fused_grouped_mlp`` call node): its forward
+    op's body, and with `grad` the backward ops' bodies, run on fake tensors shaped like
+    the node's example values. None where a shape is symbolic."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..kernels._registry import recording_launches
+    from ..saved import SavedForBackward
+    from ..target_ops import bodies_run
+    from .fused import (fused_grouped_mlp, grouped_mlp_bwd, grouped_mlp_fwd, grouped_mlp_infer, schema_kwargs,
+                        site_options_from)
+
+    values = [val(a) for a in node.args]
+    if any(_symbolic(v) for v in values):
+        return None
+    bound = inspect.signature(fused_grouped_mlp).bind(*values, **node.kwargs)
+    bound.apply_defaults()
+    opts = site_options_from(bound.arguments)
+    options = schema_kwargs(opts)
+    mode = FakeTensorMode()
+    x, w1, w2, sizes, probs, *sources = (_fake_like(v, mode) for v in values)
+    out = []
+    with mode, bodies_run(), torch.no_grad():
+        with recording_launches() as forward:
+            op = grouped_mlp_fwd if grad else grouped_mlp_infer
+            result = op(x, w1, w2, sizes, probs, *sources, **options)
+        out += [Launch(FORWARD, *_as_traced(*launch)) for launch in forward]
+        if grad:
+            y, *saved = result
+            with recording_launches() as backward:
+                grouped_mlp_bwd(torch.empty_like(y), SavedForBackward.unflatten(saved), probs, sizes, opts)
+            out += [Launch(BACKWARD, *_as_traced(*launch)) for launch in backward]
+    return out
+
+
+def _as_traced(kernel, grid, kwargs) -> tuple:
+    """(kernel, grids, arguments) as torch's tracing of ``wrap_triton(kernel)[grid](**kwargs)``
+    hands them to Inductor: launch options moved into a one-config Autotuner, constexprs
+    specialised, grids made 3-D (torch's own code, up to where it would emit the launch)."""
+    from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper, TracingTritonHOPifier
+
+    class Capture(TracingTritonHOPifier):
+        def call_HOP(self, variable, grids, combined_args, tx):
+            return variable.kernel, tuple(grids), combined_args
+
+    return Capture().call_triton_kernel(TraceableTritonKernelWrapper(kernel, None, grid), (), dict(kwargs), None)
+
+
+# ---------------------------------------------------------------------------------------
+# The source Inductor writes for a launch
+
+
+@contextlib.contextmanager
+def _stand_in_graph(device: torch.device) -> Iterator[Any]:
+    """An empty Inductor graph to generate launches' sources in, its wrapper's kernel
+    definitions captured instead of written: yields (wrapper, captured)."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    fx_graph = torch.fx.Graph()
+    fx_graph.output(None)
+    graph = GraphLowering(torch.fx.GraphModule({}, fx_graph))
+    with V.set_graph_handler(graph), graph.set_current_device(device):
+        wrapper = PythonWrapperCodegen.create(False, None, None, None)
+        captured: list[str] = []
+        wrapper.define_kernel = lambda name, body, *args, **kwargs: captured.append(body)
+        yield graph, wrapper, captured
+
+
+def _ir_argument(graph, name: str, value):
+    """`value` as Inductor's IR holds a launch argument: a tensor as a graph input (or a view
+    into one at its storage offset), anything else as is."""
+    from torch._inductor import ir
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    offset = value.storage_offset()
+    layout = ir.FixedLayout(value.device, value.dtype, list(value.shape), list(value.stride()))
+    buffer = ir.InputBuffer(name=f"early_{name}", layout=layout)
+    graph.graph_inputs[buffer.get_name()] = ir.TensorBox.create(buffer)
+    if offset == 0:
+        return buffer
+    view = ir.FixedLayout(value.device, value.dtype, list(value.shape), list(value.stride()), offset=offset)
+    return ir.ReinterpretView(data=buffer, layout=view)
+
+
+def _source_key(launch: Launch) -> tuple:
+    """What the source Inductor writes for a launch depends on: the kernel and its launch
+    options, the constexprs' values, each tensor's dtype and 16-byte alignment, each other
+    integer's width, divisibility by 16 and equality to 1 (Triton's specialisation), a
+    float's type. The grid's and the integers' values are arguments of the call only."""
+    from triton.runtime.autotuner import Autotuner
+
+    kernel = launch.kernel
+    options = ()
+    if isinstance(kernel, Autotuner):
+        options = tuple(repr(sorted(vars(config).items())) for config in kernel.configs)
+        kernel = kernel.fn
+    constexprs = {p.name for p in kernel.params if p.is_constexpr}
+
+    def spec(name, value):
+        if isinstance(value, torch.Tensor):
+            return value.dtype, value.storage_offset() * value.element_size() % 16 == 0
+        if name in constexprs or value is None or isinstance(value, bool):
+            return type(value), value
+        if isinstance(value, int):
+            return int, value == 1, value % 16 == 0, -2**31 <= value < 2**31
+        return (type(value),)
+
+    return kernel, options, tuple((name, spec(name, value)) for name, value in launch.kwargs.items())
+
+
+def inductor_source(launch: Launch, device: torch.device) -> tuple[str, str]:
+    """(kernel name, source) of ``async_compile.triton`` for `launch`, as Inductor's Python
+    wrapper writes it (its own code on a stand-in graph)."""
+    from triton.runtime.autotuner import Autotuner
+
+    kernel, configs, restore, reset = launch.kernel, [], [], []
+    if isinstance(kernel, Autotuner):  # as ir.UserDefinedTritonKernel.get_kernel_and_metadata
+        configs, restore, reset = kernel.configs, list(kernel.restore_value), list(kernel.reset_to_zero)
+        kernel = kernel.fn
+    with _stand_in_graph(device) as (graph, wrapper, captured):
+        kwargs = {name: _ir_argument(graph, name, value) for name, value in launch.kwargs.items()}
+        define = wrapper.define_user_defined_triton_kernel
+        extra = {"epilogue_fusion": None} if "epilogue_fusion" in inspect.signature(define).parameters else {}
+        define(kernel, configs, kwargs, restore, reset, [list(g) for g in launch.grid], **extra)
+    calls = []
+
+    class AsyncCompile:  # the generated line's call, evaluated: the exact strings Inductor passes
+        def triton(self, name, source, device_str="cuda"):
+            calls.append((name, source))
+
+    (body,) = captured
+    eval(body, {"async_compile": AsyncCompile()})  # noqa: S307 -- Inductor's own generated call
+    return calls[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Submitting, and waiting
+
+
+def workers_available() -> bool:
+    """Whether Inductor compiles in worker processes here (``compile_threads`` > 1)."""
+    from torch._inductor.async_compile import get_compile_threads
+
+    return get_compile_threads() > 1
+
+
+def _submit(name: str, source: str) -> Future:
+    """Compile `source` in one of Inductor's workers, as ``AsyncCompile.triton`` does on a
+    miss of its in-process table."""
+    from torch._inductor import config
+    from torch._inductor.async_compile import (AsyncCompile, _load_triton_kernel_from_source,
+                                               _worker_compile_triton)
+
+    env = {v: os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR") if v in os.environ}
+    extra_config = {"use_static_triton_launcher": config.use_static_triton_launcher}
+    load = functools.partial(_load_triton_kernel_from_source, name, source)
+    return AsyncCompile.process_pool().submit(_worker_compile_triton, load, env, extra_config)
+
+
+def _submit_all(jobs: list[tuple[str, str, Future]], marker: str) -> None:
+    """Submit each job, its result passed on to its Future; then, once every compile has
+    succeeded, leave `marker` in Triton's cache. Run on a thread of its own: the workers'
+    pipe takes a job only as fast as the pool reads it, and the pool is still starting when
+    the first graph arrives (the main thread blocked 4.4 s on it on an H100, 2026-12-06)."""
+    from concurrent.futures import wait as wait_all
+
+    from triton.runtime.cache import get_cache_manager
+
+    def chain(future: Future, done: Future) -> None:
+        error = done.exception()
+        future.set_exception(error) if error is not None else future.set_result(done.result())
+
+    compiles = []
+    for index, (name, source, future) in enumerate(jobs):
+        try:
+            compiles.append(_submit(name, source))
+        except Exception as error:  # noqa: BLE001 -- Inductor then compiles them, and reports
+            for _, _, left in jobs[index:]:
+                left.set_exception(error)
+            return
+        compiles[-1].add_done_callback(functools.partial(chain, future))
+    if all(done.exception() is None for done in wait_all(compiles).done):
+        get_cache_manager(marker).put(b"", MARKER)
+
+
+# A file in Triton's cache, under a key made of a graph's sites (``_marker_key``): their
+# kernels' binaries are in this cache, so a later process submits nothing early
+MARKER = "nvfp4_early_compile.done"
+
+
+def _marker_key(sites: list[tuple], device: torch.device) -> str:
+    """What the sources of `sites` depend on beyond the sites themselves: this package's
+    code, torch's and Triton's versions, the device. (Inductor settings that change the
+    source, such as its assertion option, are not in it: with them changed, Inductor
+    compiles the kernels when it asks, as without early compiles.)"""
+    import hashlib
+
+    import triton
+
+    from .backend import _package_hash
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    text = repr((_package_hash().hex(), torch.__version__, triton.__version__, capability, sorted(map(repr, sites))))
+    return hashlib.sha256(f"nvfp4 early compile {text}".encode()).hexdigest()  # (Triton takes hex keys)
+
+
+def _compiled_before(key: str) -> bool:
+    from triton.runtime.cache import get_cache_manager
+
+    return get_cache_manager(key).get_file(MARKER) is not None
+
+
+def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
+    """Hand the kernels of every rewritten site in `gm` (and its nested bodies) to the
+    compile workers; returns how many compiles it started: none for sources submitted
+    before in this process, none at all where Triton's cache holds this graph's marker."""
+    import threading
+
+    from .fused import fused_grouped_mlp
+    from .rewrite import graph_modules
+
+    start_time = time.perf_counter()
+    sites = {}  # description -> node: layers of one shape launch the same kernels
+    for module, _ in graph_modules(gm):
+        for node in module.graph.find_nodes(op="call_function", target=fused_grouped_mlp):
+            sites.setdefault((tuple(_describe(val(a)) for a in node.args), tuple(sorted(node.kwargs.items())),
+                              grad), node)
+    marker = _marker_key(list(sites), device)
+    if not sites or _compiled_before(marker):
+        return 0
+    sources: dict[tuple, tuple[str, str]] = {}
+    jobs = []
+    launches = 0
+    for node in sites.values():
+        recorded = site_launches(node, grad=grad)
+        if recorded is None:
+            log.info("nvfp4: a site's shapes are symbolic; Inductor compiles its kernels when it asks")
+            continue
+        for launch in recorded:
+            launches += 1
+            key = _source_key(launch)
+            if key not in sources:
+                sources[key] = inductor_source(launch, device)
+            name, source = sources[key]
+            future = _submitted.get(source)
+            if future is None:
+                future = _submitted[source] = Future()
+                jobs.append((name, source, future))
+            _pending[launch.phase].append((name, future))
+    if jobs:
+        threading.Thread(target=_submit_all, args=(jobs, marker), name="nvfp4-early-compile", daemon=True).start()
+    if launches:
+        log.info("nvfp4: %d of our kernels' compiles started early (%d launches) in %.2f s", len(jobs), launches,
+                 time.perf_counter() - start_time)
+    return len(jobs)
+
+
+@contextlib.contextmanager
+def compiling(phase: str) -> Iterator[None]:
+    """Inductor compiles a graph of `phase` inside the block (``wait`` waits for its kernels)."""
+    global _phase
+    before, _phase = _phase, phase
+    try:
+        yield
+    finally:
+        _phase = before
+
+
+def wait() -> None:
+    """Wait for the early compiles of the phase being compiled (all phases outside
+    ``compiling``). A failed compile is left to Inductor, which compiles the kernel again
+    and reports its error."""
+    phases = [_phase] if _phase is not None else list(_pending)
+    jobs = [job for phase in phases for job in _pending[phase]]
+    for phase in phases:
+        _pending[phase] = []
+    if not jobs:
+        return
+    start_time = time.perf_counter()
+    for name, future in jobs:
+        try:
+            future.result()
+        except Exception as error:  # noqa: BLE001 -- Inductor's own compile of it raises, with its context
+            log.debug("nvfp4: the early compile of %s failed (%s); Inductor compiles it", name, error)
+    waited = time.perf_counter() - start_time
+    if waited > 0.1:
+        log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(jobs))

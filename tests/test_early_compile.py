@@ -1,0 +1,53 @@
+"""compiler/early_compile.py: a graph's kernels handed to Inductor's compile workers at the
+rewrite, before AOTAutograd traces (on a stand-in H100, in a child process:
+tests/early_compile_scenarios.py). Whether the sources meet Triton's cache keys of
+Inductor's own compile is checked on a GPU (test_gpu_end_to_end.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", params=["srelu", "swiglu"])
+def scenario(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"))
+    out = tmp / "out.json"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "early_compile_scenarios.py"), request.param,
+                          str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_bodies_name_the_launches_aotautograd_traces(scenario):
+    """Run untraced on fake tensors, a site's forward and backward bodies launch exactly the
+    kernels, with the launch options and argument specialisations, that AOTAutograd's traces
+    of the same ops hold, phase by phase."""
+    assert scenario["recorded"] == scenario["traced"]
+    assert {phase for phase, *_ in scenario["recorded"]} == {"forward", "backward"}
+
+
+def test_each_distinct_source_is_submitted_once_then_the_cache_marker_stops_it(scenario):
+    """Two layers of one shape submit each distinct kernel source once: as many as the
+    binaries Triton's own binder tells the traced launches apart into; waiting in the forward's compile leaves the backward's
+    compiles pending; and with the marker in Triton's cache a new start submits nothing."""
+    assert scenario["started"] == len(scenario["submitted"]) == scenario["distinct_sources"] == scenario["variants"]
+    pending = scenario["pending_after_forward"]
+    assert pending["forward"] == 0 and pending["backward"] > 0
+    assert scenario["started_again"] == 0
+
+
+def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):
+    """The source is what Inductor's wrapper writes for a user-written kernel: its common
+    imports, the user_autotune decorator with the launch's signature and options, then the
+    kernel's own text."""
+    source, kernel_src = scenario["first_source"], scenario["kernel_src"]
+    assert "@triton_heuristics.user_autotune(" in source and "custom_kernel=True" in source
+    assert "'signature': {" in source and "'num_warps':" in source
+    assert kernel_src.strip() in source
