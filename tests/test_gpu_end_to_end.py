@@ -167,3 +167,43 @@ def test_untraced_launches_give_the_same_bits():
         assert torch.equal(a, b)
     torch._dynamo.reset()
 
+
+
+def test_early_compiles_are_the_binaries_inductor_loads(tmp_path):
+    """The backend hands our kernels to Inductor's compile workers at the rewrite
+    (compiler/early_compile.py); Inductor's own compile of each then finds Triton's cache
+    entry: in a fresh process with empty caches, one training step leaves exactly one
+    binary per kernel source started early, none compiled a second time under another key;
+    and a second process, with the marker in Triton's cache, starts none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"""
+import json, re, sys, torch
+sys.path.insert(0, {os.path.join(root, 'tests')!r})
+from test_gpu_end_to_end import _model
+from nvfp4_inductor.compiler import early_compile
+mlp, args = _model("swiglu")
+y = torch.compile(mlp, backend="nvfp4")(*args)
+torch.autograd.grad(y, (args[0], mlp.fc1_weight, mlp.fc2_weight, args[2]), torch.ones_like(y))
+torch.cuda.synchronize()
+names = [re.search(r"@triton.jit\\ndef (\\w+)\\(", source)[1] for source in early_compile._submitted]
+json.dump(names, open(sys.argv[1], "w"))
+"""
+    env = dict(os.environ, PYTHONPATH=root, TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    started = []
+    for run in range(2):
+        out = tmp_path / f"names{run}.json"
+        done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        started.append(json.loads(out.read_text()))
+    first, second = started
+    assert len(first) >= 10 and second == []
+    binaries = [f.name[:-len(".cubin")] for f in (tmp_path / "triton").rglob("*.cubin")]
+    ours = sorted(name for name in binaries if name in set(first))
+    assert ours == sorted(first)

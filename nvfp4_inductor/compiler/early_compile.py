@@ -342,6 +342,9 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
                 jobs.append((name, source, future))
             _pending[launch.phase].append((name, future))
     if jobs:
+        # longest sources first: the straight-line casts take longest to compile, and a job
+        # beyond the workers' count waits for a free one
+        jobs.sort(key=lambda job: -len(job[1]))
         threading.Thread(target=_submit_all, args=(jobs, marker), name="nvfp4-early-compile", daemon=True).start()
     if launches:
         log.info("nvfp4: %d of our kernels' compiles started early (%d launches) in %.2f s", len(jobs), launches,
