@@ -20,13 +20,13 @@ time (from the second process). The timed first step includes the
 (``<row>_cold.prof``, ``<row>_cached.prof``, for pstats or snakeviz) and prints the cached
 step's 30 slowest functions by own time.
 
-``--phases`` prints, per row, where the cold first step went (and the backend's progress
-lines, its logger at INFO): the compile phases torch times
+``--phases`` prints, per row, where the cold first step went: the compile phases torch times
 itself (``dynamo_timed``: Dynamo, AOTAutograd, Inductor's lowering, code generation, the wait
 on its compile workers; summed over graphs, nested phases inside their parents), and a
 timeline of the Triton cache: when each kernel's binary and each launcher library was
 written, in seconds from the process's start (which kernels finish last, and whether the
-launchers are built one after another).
+launchers are built one after another); and the backend's progress lines (its logger at
+INFO, timestamped: when the early compiles started, how long a graph waited for them).
 
 ``--model qwen3_moe --layers 4`` times a whole transformers model instead (the CausalLM of
 benchmarks/model_step.py's model case, 4 decoder layers on --batch x --seq token ids, its own

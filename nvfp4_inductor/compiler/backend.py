@@ -106,8 +106,11 @@ class _WaitForCompileWorkers(_ChainedPass):
     kernels are the graph's largest (a second or more each to compile); asked for while the
     pool still starts, they compile in this process one after another (one S3 layer's
     forward on an H100: kernels finishing over ~6 s, one at a time, 2026-12-06), where the
-    workers compile them side by side. A post-grad pass runs only where Inductor compiles
-    the graph, never for one its cache serves, so a warm start does not wait."""
+    workers compile them side by side. Then wait for the early compiles of the graph's
+    phase (``early_compile.wait``), so that Inductor finds their binaries in Triton's cache
+    instead of compiling a kernel again beside its early compile. A post-grad pass runs
+    only where Inductor compiles the graph, never for one its cache serves, so a warm start
+    does not wait."""
 
     def run(self, graph: torch.fx.Graph) -> None:
         from torch._higher_order_ops.triton_kernel_wrap import (triton_kernel_wrapper_functional,
