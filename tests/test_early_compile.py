@@ -51,3 +51,35 @@ def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):
     assert "@triton_heuristics.user_autotune(" in source and "custom_kernel=True" in source
     assert "'signature': {" in source and "'num_warps':" in source
     assert kernel_src.strip() in source
+
+
+def test_a_failed_start_warns_and_leaves_the_kernels_to_inductor(monkeypatch):
+    """The early compiles only shorten the first step: if they cannot start, the backend
+    warns (naming the error) and compiles as without them."""
+    import torch
+
+    from nvfp4_inductor.compiler import backend, early_compile
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("torch changed its wrapper")
+
+    monkeypatch.setattr(early_compile, "start", broken)
+    with pytest.warns(UserWarning, match="early compiles did not start .*torch changed its wrapper"):
+        backend._start_early_compiles(torch.fx.GraphModule({}, torch.fx.Graph()))
+
+
+def test_wait_waits_for_its_phase_and_survives_a_failed_compile(monkeypatch):
+    """``wait`` inside ``compiling(phase)`` takes that phase's compiles only; a compile that
+    failed is left to Inductor (which compiles it again and reports), not raised here."""
+    from concurrent.futures import Future
+
+    from nvfp4_inductor.compiler import early_compile
+
+    ok, failed, later = Future(), Future(), Future()
+    ok.set_result(None)
+    failed.set_exception(RuntimeError("ptxas died"))
+    monkeypatch.setattr(early_compile, "_pending", {early_compile.FORWARD: [("a", ok), ("b", failed)],
+                                                    early_compile.BACKWARD: [("c", later)]})
+    with early_compile.compiling(early_compile.FORWARD):
+        early_compile.wait()  # returns: "c" is the backward's, still running
+    assert early_compile._pending == {early_compile.FORWARD: [], early_compile.BACKWARD: [("c", later)]}

@@ -350,7 +350,7 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
 
             traced = traces_launches(gm, options)
             if traced and _on_gpu(example_inputs) and early_compile.workers_available():
-                early_compile.start(gm, example_device(gm), grad=torch.is_grad_enabled())
+                _start_early_compiles(gm)
             compiled = compile_fx(gm, example_inputs, inner_compile=_inner_compile,
                                   config_patches=inductor_patches(mode, options, traced=traced))
     if sites:
@@ -358,6 +358,16 @@ def compile_rewritten(gm, example_inputs, options: BackendOptions, *, mode: Opti
                  " and Inductor compiled its forward (a backward compiles at its first call)"
                  if options.compiler == "inductor" else "", time.perf_counter() - start)
     return compiled
+
+
+def _start_early_compiles(gm: torch.fx.GraphModule) -> None:
+    """``early_compile.start``: an optimisation of the first step only, so a failure warns
+    and leaves every kernel to Inductor, as without it."""
+    try:
+        early_compile.start(gm, example_device(gm), grad=torch.is_grad_enabled())
+    except Exception as error:  # noqa: BLE001 -- Inductor still compiles every kernel when it asks
+        warnings.warn(f"nvfp4 backend: our kernels' early compiles did not start ({type(error).__name__}: "
+                      f"{error}); Inductor compiles them when it asks, and the first step takes longer", stacklevel=2)
 
 
 def _site_count(gm: torch.fx.GraphModule) -> int:

@@ -91,8 +91,9 @@ def _symbolic(value) -> bool:
 
 def site_launches(node: torch.fx.Node, *, grad: bool) -> Optional[list[Launch]]:
     """The launches of one rewritten site (a ``fused_grouped_mlp`` call node): its forward
-    op's body, and with `grad` the backward ops' bodies, run on fake tensors shaped like
-    the node's example values. None where a shape is symbolic."""
+    op's body, and where `grad` is on and an input needs a gradient (as
+    ``fused_grouped_mlp`` decides) the backward ops' bodies, run on fake tensors shaped
+    like the node's example values. None where a shape is symbolic."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..kernels._registry import recording_launches
@@ -110,6 +111,7 @@ def site_launches(node: torch.fx.Node, *, grad: bool) -> Optional[list[Launch]]:
     options = schema_kwargs(opts)
     mode = FakeTensorMode()
     x, w1, w2, sizes, probs, *sources = (_fake_like(v, mode) for v in values)
+    grad = grad and any(t is not None and t.requires_grad for t in (x, w1, w2, probs))
     out = []
     with mode, bodies_run(), torch.no_grad():
         with recording_launches() as forward:
