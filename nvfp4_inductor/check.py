@@ -57,6 +57,9 @@ class Report:
         self.rows.append(dict(check=check, target=target, verdict=verdict, detail=detail))
         print(f"[{verdict}] {target}: {check}: {detail}", flush=True)
 
+    def failures(self) -> int:
+        return sum(r["verdict"] == "FAIL" for r in self.rows)
+
     def cases(self, verdict: self_check.Verdict, target: str) -> None:
         for case in verdict.cases:
             what = f"{case.step}: {case.wrapper}" + (f" ({case.activation})" if case.activation else "")
@@ -229,10 +232,11 @@ def main(argv=None) -> int:
         compiled_step(report, device, "triton", "triton")
     runs = [] if triton_why else ["triton"]
     for name, on_gpu in (("triton_fp4", fp4_on_blackwell), ("cudnn", on_blackwell)):
+        failed_before = report.failures()
         why = "no CUDA device" if not cuda else on_gpu(report, device)
         if why:
             report.add("self-check and compiled step on the GPU", name, None, why)
-        elif not any(r["verdict"] == "FAIL" and r["target"].startswith(f"{name} on ") for r in report.rows):
+        elif report.failures() == failed_before:  # timed only where its checks all passed
             runs.append(name)
     if opts.skip_timing or not cuda or triton_why:
         why = "--skip-timing" if opts.skip_timing else triton_why

@@ -34,3 +34,36 @@ def test_the_triton_comparison_runs_without_the_sm100_targets():
     with unregistered():
         assert [t.name for t in lowerings.targets()] == before
     assert [t.name for t in lowerings.targets()] == before
+
+
+def test_only_targets_whose_gpu_checks_all_passed_are_timed(tmp_path, monkeypatch):
+    """On a GPU, the timing table takes the triton target and each SM10x target whose
+    self-check and compiled step raised no FAIL row; a target with a failed check is left
+    out of it, and the command exits 1."""
+    from nvfp4_inductor import check
+
+    class Triton:  # the triton target on a GPU it runs on
+        def device_mismatch(self, device_type, capability):
+            return None
+
+        def probe(self, device):
+            return object()
+
+    def fp4(report, device):
+        report.add("fc2 fprop", "triton_fp4 on a test GPU", False, "differs")
+
+    def cudnn(report, device):
+        report.add("fc2 fprop", "cudnn on a test GPU", True, "pass")
+
+    timed = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    monkeypatch.setattr(check, "environment", lambda: {})
+    monkeypatch.setattr(check, "simulated", lambda report: None)
+    monkeypatch.setattr(check, "get_target", lambda name: Triton())
+    monkeypatch.setattr(check, "compiled_step", lambda *args: None)
+    monkeypatch.setattr(check, "fp4_on_blackwell", fp4)
+    monkeypatch.setattr(check, "on_blackwell", cudnn)
+    monkeypatch.setattr(check, "time_shapes", lambda report, device, shapes, runs: timed.append(runs))
+    assert check.main(["--json", str(tmp_path / "r.json")]) == 1
+    assert timed == [["triton", "cudnn"]]
