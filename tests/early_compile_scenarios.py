@@ -104,7 +104,9 @@ def main(activation: str, out: str) -> None:
             done.set_result(None)
             return done
 
-        with mock.patch.object(early_compile, "_submit", submit):
+        from torch._inductor.async_compile import AsyncCompile
+
+        with mock.patch.object(early_compile, "_submit", submit), mock.patch.object(AsyncCompile, "process_pool"):
             result["started"] = early_compile.start(gm_, torch.device("cuda"), grad=True)
             for thread in __import__("threading").enumerate():
                 if thread.name == "nvfp4-early-compile":

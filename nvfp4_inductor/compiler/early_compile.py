@@ -344,6 +344,9 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
                 jobs.append((name, source, future))
             _pending[launch.phase].append((name, future))
     if jobs:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.process_pool()  # made (once, cached) in this thread: its first call is not thread-safe
         # longest sources first: the straight-line casts take longest to compile, and a job
         # beyond the workers' count waits for a free one
         jobs.sort(key=lambda job: -len(job[1]))
