@@ -83,3 +83,25 @@ def test_wait_waits_for_its_phase_and_survives_a_failed_compile(monkeypatch):
     with early_compile.compiling(early_compile.FORWARD):
         early_compile.wait()  # returns: "c" is the backward's, still running
     assert early_compile._pending == {early_compile.FORWARD: [], early_compile.BACKWARD: [("c", later)]}
+
+
+def test_sites_it_cannot_record_are_left_to_inductor():
+    """A site whose example values are not plain fake tensors (a DTensor's local shards are
+    not what its value shows) or whose shapes are symbolic records nothing."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from nvfp4_inductor.compiler import early_compile, fused
+
+    def site(x_value):
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        x.meta["val"] = x_value
+        return graph.call_function(fused.fused_grouped_mlp, (x, x, x, x, None), {})
+
+    assert early_compile.site_launches(site(torch.empty(4, 8)), grad=True) is None  # not a fake tensor
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    with mode:
+        symbolic = torch.empty(mode.shape_env.create_unbacked_symint(), 8)
+    assert early_compile.site_launches(site(symbolic), grad=True) is None

@@ -23,8 +23,9 @@ instead of compiling the kernel again beside an early compile still under way. E
 is submitted once per process; in a process whose Triton cache is warm, the workers only
 load the binaries.
 
-A launch whose arguments are symbolic (dynamic shapes) is left to Inductor, as is every
-kernel where there are no compile workers (``compile_threads`` 1): compiling here would
+A site whose shapes are symbolic (dynamic shapes) or whose inputs are tensor subclasses
+(DTensors, whose local shards the example values do not give) is left to Inductor, as is
+every kernel where there are no compile workers (``compile_threads`` 1): compiling here would
 then run in this process, before the trace, and not beside it.
 """
 
@@ -83,6 +84,14 @@ def _describe(value):
     return value
 
 
+def _subclass(value) -> bool:
+    """A tensor subclass (a DTensor): its launches run on its local shards, whose shapes
+    the example value does not give."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
+
+
 def _symbolic(value) -> bool:
     if isinstance(value, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
@@ -93,7 +102,8 @@ def site_launches(node: torch.fx.Node, *, grad: bool) -> Optional[list[Launch]]:
     """The launches of one rewritten site (a ``fused_grouped_mlp`` call node): its forward
     op's body, and where `grad` is on and an input needs a gradient (as
     ``fused_grouped_mlp`` decides) the backward ops' bodies, run on fake tensors shaped
-    like the node's example values. None where a shape is symbolic."""
+    like the node's example values. None where a shape is symbolic or an input is a tensor
+    subclass."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..kernels._registry import recording_launches
@@ -103,7 +113,7 @@ def site_launches(node: torch.fx.Node, *, grad: bool) -> Optional[list[Launch]]:
                         site_options_from)
 
     values = [val(a) for a in node.args]
-    if any(_symbolic(v) for v in values):
+    if any(_symbolic(v) or _subclass(v) for v in values):
         return None
     bound = inspect.signature(fused_grouped_mlp).bind(*values, **node.kwargs)
     bound.apply_defaults()
@@ -330,7 +340,8 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
     for node in sites.values():
         recorded = site_launches(node, grad=grad)
         if recorded is None:
-            log.info("nvfp4: a site's shapes are symbolic; Inductor compiles its kernels when it asks")
+            log.info("nvfp4: a site's shapes are symbolic or its inputs tensor subclasses; Inductor compiles its "
+                     "kernels when it asks")
             continue
         for launch in recorded:
             launches += 1
