@@ -156,7 +156,7 @@ def _as_traced(kernel, grid, kwargs) -> tuple:
 @contextlib.contextmanager
 def _stand_in_graph(device: torch.device) -> Iterator[Any]:
     """An empty Inductor graph to generate launches' sources in, its wrapper's kernel
-    definitions captured instead of written: yields (wrapper, captured)."""
+    definitions captured instead of written: yields (graph, wrapper, captured)."""
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
