@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from concurrent.futures import Future
 from unittest import mock
 
@@ -108,7 +109,7 @@ def main(activation: str, out: str) -> None:
 
         with mock.patch.object(early_compile, "_submit", submit), mock.patch.object(AsyncCompile, "process_pool"):
             result["started"] = early_compile.start(gm_, torch.device("cuda"), grad=True)
-            for thread in __import__("threading").enumerate():
+            for thread in threading.enumerate():
                 if thread.name == "nvfp4-early-compile":
                     thread.join()
             with early_compile.compiling(early_compile.FORWARD):

@@ -384,17 +384,17 @@ def wait() -> None:
     ``compiling``). A failed compile is left to Inductor, which compiles the kernel again
     and reports its error."""
     phases = [_phase] if _phase is not None else list(_pending)
-    jobs = [job for phase in phases for job in _pending[phase]]
+    compiles = {future: name for phase in phases for name, future in _pending[phase]}  # launches share them
     for phase in phases:
         _pending[phase] = []
-    if not jobs:
+    if not compiles:
         return
     start_time = time.perf_counter()
-    for name, future in jobs:
+    for future, name in compiles.items():
         try:
             future.result()
         except Exception as error:  # noqa: BLE001 -- Inductor's own compile of it raises, with its context
             log.debug("nvfp4: the early compile of %s failed (%s); Inductor compiles it", name, error)
     waited = time.perf_counter() - start_time
     if waited > 0.1:
-        log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(jobs))
+        log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(compiles))

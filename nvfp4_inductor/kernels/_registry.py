@@ -45,6 +45,7 @@ def _interpreting() -> bool:
 
 
 INTERPRET = _interpreting()
+_recorded: Optional[list] = None  # where ``recording_launches`` collects launches on FakeTensors
 
 
 def launch(kernel, grid, **kwargs) -> None:
@@ -62,9 +63,6 @@ def launch(kernel, grid, **kwargs) -> None:
     if any(is_zero(g) for g in grid):  # (a data-dependent grid is launched: Triton skips it when empty)
         return
     (kernel if INTERPRET else torch.library.wrap_triton(kernel))[grid](**kwargs)
-
-
-_recorded: Optional[list] = None  # where ``recording_launches`` collects launches on FakeTensors
 
 
 @contextlib.contextmanager
