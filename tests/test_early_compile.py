@@ -53,6 +53,75 @@ def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):
     assert kernel_src.strip() in source
 
 
+def test_a_compile_here_leaves_the_binary_inductors_own_load_finds(scenario):
+    """Compiled in this process while the workers start (here they never do), each source
+    leaves one binary in Triton's cache, and Inductor's own load and compile of the same
+    source then finds it: no binary is added. Every compile succeeded, so the marker is left."""
+    here = scenario["here"]
+    assert here["done"] == [True, True, True]
+    assert here["binaries"] == here["binaries_after_inductor"] == 3
+    assert here["marker"]
+
+
+def _jobs(n):
+    from concurrent.futures import Future
+
+    return [(f"k{i}", f"source {i}", Future()) for i in range(n)]
+
+
+def test_compiles_run_here_until_the_workers_are_up_then_go_to_them(monkeypatch, tmp_path):
+    """One thread here takes the longest job; the workers come up while it compiles, so it
+    takes no other, and the rest go to the workers. Each job's Future gets its result."""
+    from concurrent.futures import Future
+
+    from nvfp4_inductor.compiler import early_compile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    pool_up, here, submitted = Future(), [], []
+
+    def compile_here(name, source):
+        here.append(name)
+        pool_up.set_result(0)  # the workers come up during the first compile
+
+    def submit(name, source):
+        submitted.append(name)
+        done = Future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(early_compile, "_compile_here", compile_here)
+    monkeypatch.setattr(early_compile, "_submit", submit)
+    jobs = _jobs(5)
+    early_compile._compile_all(jobs, "1" * 64, pool_up, here=1)
+    assert here == ["k0"] and submitted == ["k1", "k2", "k3", "k4"]
+    assert all(future.done() and future.exception() is None for _, _, future in jobs)
+    assert early_compile._compiled_before("1" * 64)
+
+
+def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_path):
+    """If the workers fail to start, the threads here compile every job; a compile that
+    fails here is passed on to its Future (Inductor compiles that kernel again and reports),
+    and no marker is left."""
+    from concurrent.futures import Future
+
+    from nvfp4_inductor.compiler import early_compile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    pool_up = Future()
+    pool_up.set_exception(RuntimeError("no sidecar"))
+
+    def compile_here(name, source):
+        if name == "k2":
+            raise RuntimeError("ptxas died")
+
+    monkeypatch.setattr(early_compile, "_compile_here", compile_here)
+    monkeypatch.setattr(early_compile, "_submit", lambda *args: pytest.fail("the workers are down"))
+    jobs = _jobs(4)
+    early_compile._compile_all(jobs, "2" * 64, pool_up, here=2)
+    assert [future.exception() is None for _, _, future in jobs] == [True, True, False, True]
+    assert not early_compile._compiled_before("2" * 64)
+
+
 def test_a_failed_start_warns_and_leaves_the_kernels_to_inductor(monkeypatch):
     """The early compiles only shorten the first step: if they cannot start, the backend
     warns (naming the error) and compiles as without them."""

@@ -10,7 +10,9 @@ Here, right after the rewrite (``start``), each site's forward and backward op b
 on fake tensors: they launch nothing but name every kernel, grid and argument
 (``kernels._registry.recording_launches``). Each launch becomes the source Inductor's
 wrapper writes for it -- Inductor's own ``define_user_defined_triton_kernel``, run on a
-stand-in graph whose tensors are graph inputs -- and goes to Inductor's compile workers.
+stand-in graph whose tensors are graph inputs -- and is compiled, longest first: on a few
+threads of this process while Inductor's compile workers start (seconds, when the slowest
+kernels are already known), then in the workers.
 When Inductor later compiles that kernel, Triton's cache has it: Triton keys a binary on
 the kernel's source and its line in the file, its signature, its specialisation (pointer
 alignment, integers divisible by 16 or equal to 1) and its launch options, all the same
@@ -25,8 +27,8 @@ load the binaries.
 
 A site whose shapes are symbolic (dynamic shapes) or whose inputs are tensor subclasses
 (DTensors, whose local shards the example values do not give) is left to Inductor, as is
-every kernel where there are no compile workers (``compile_threads`` 1): compiling here would
-then run in this process, before the trace, and not beside it.
+every kernel where Inductor has no compile workers (``compile_threads`` 1: compiles one at a
+time, in this process, as asked).
 """
 
 from __future__ import annotations
@@ -263,29 +265,108 @@ def _submit(name: str, source: str) -> Future:
     return AsyncCompile.process_pool().submit(_worker_compile_triton, load, env, extra_config)
 
 
-def _submit_all(jobs: list[tuple[str, str, Future]], marker: str) -> None:
-    """Submit each job, its result passed on to its Future; then, once every compile has
-    succeeded, leave `marker` in Triton's cache. Run on a thread of its own: the workers'
-    pipe takes a job only as fast as the pool reads it, and the pool is still starting when
-    the first graph arrives (the main thread blocked 4.4 s on it on an H100, 2026-12-06)."""
+def _compile_here(name: str, source: str) -> None:
+    """Compile `source` in this process, as a worker would: the binary lands in Triton's
+    cache and nothing else is kept. The source runs in a module of its own, not in the one
+    Inductor's code cache shares, so that Inductor's own load of it later makes a fresh
+    kernel and chooses its launcher under its own settings. Its file is the one Inductor
+    writes (``PyCodeCache.write``): Triton's key holds the kernel's line in it. Triton's
+    optimisation passes, most of a slow compile, run without the GIL (a 5.2 s compile beside a
+    busy Python thread slowed that thread by a quarter on a 2-core CPU)."""
+    import types
+
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.runtime import compile_tasks
+
+    compile_tasks._set_triton_ptxas_path()  # as Inductor does before compiling in this process
+    getattr(compile_tasks, "_set_triton_libdevice_path", lambda: None)()  # (torch 2.13 only)
+    key, path = PyCodeCache.write(source)
+    module = types.ModuleType(f"nvfp4_early_{key}")
+    module.__file__ = path
+    exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 -- Inductor's generated source
+    getattr(module, name).precompile(warm_cache_only=True)
+
+
+def _pool_up() -> Future:
+    """A Future done when Inductor's compile workers run jobs (a no-op job's result)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    return AsyncCompile.process_pool().submit(int)
+
+
+# Compile threads in this process while Inductor's workers start: enough for the few
+# slowest kernels (the casts and the fused GEMMs, 2-7 s each on an H100 host), which the
+# forward would otherwise wait for (the workers took 9 s to start there, 2026-12-06)
+HERE_MAX = 4
+
+
+def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Future, here: int) -> None:
+    """Compile the jobs (longest first), each result passed on to its Future: on `here`
+    threads of this process until the workers are up (`pool_up`), then the rest in the
+    workers; once every compile has succeeded, leave `marker` in Triton's cache. Runs on a
+    thread of its own: the workers' pipe takes a job only as fast as the pool reads it, and
+    the pool is still starting when the first graph arrives (the main thread blocked 4.4 s on
+    it on an H100, 2026-12-06). If the workers do not start, the threads here compile all."""
+    import collections
+    import threading
+    from concurrent.futures import FIRST_COMPLETED
     from concurrent.futures import wait as wait_all
 
     from triton.runtime.cache import get_cache_manager
+
+    queue, lock, emptied = collections.deque(jobs), threading.Lock(), Future()
+    counts = {"here": 0, "workers": 0}
+    start_time = time.perf_counter()
+
+    def take() -> Optional[tuple[str, str, Future]]:
+        with lock:
+            if queue:
+                return queue.popleft()
+            if not emptied.done():
+                emptied.set_result(None)
+            return None
+
+    def workers_up() -> bool:
+        return pool_up.done() and pool_up.exception() is None
+
+    def compile_here() -> None:
+        while not workers_up() and (job := take()) is not None:
+            name, source, future = job
+            try:
+                _compile_here(name, source)
+            except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+            with lock:
+                counts["here"] += 1
+
+    threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here", daemon=True)
+               for _ in range(here)]
+    for thread in threads:
+        thread.start()
 
     def chain(future: Future, done: Future) -> None:
         error = done.exception()
         future.set_exception(error) if error is not None else future.set_result(done.result())
 
-    compiles = []
-    for index, (name, source, future) in enumerate(jobs):
-        try:
-            compiles.append(_submit(name, source))
-        except Exception as error:  # noqa: BLE001 -- Inductor then compiles them, and reports
-            for _, _, left in jobs[index:]:
-                left.set_exception(error)
-            return
-        compiles[-1].add_done_callback(functools.partial(chain, future))
-    if all(done.exception() is None for done in wait_all(compiles).done):
+    wait_all([pool_up, emptied], return_when=FIRST_COMPLETED)  # the workers up, or every job taken here
+    if workers_up():
+        while (job := take()) is not None:
+            name, source, future = job
+            try:
+                compiled = _submit(name, source)
+            except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
+                future.set_exception(error)
+                continue
+            counts["workers"] += 1
+            compiled.add_done_callback(functools.partial(chain, future))
+    for thread in threads:
+        thread.join()
+    done = wait_all([future for _, _, future in jobs]).done
+    log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, %d in "
+             "the workers", time.perf_counter() - start_time, counts["here"], counts["workers"])
+    if all(future.exception() is None for future in done):
         get_cache_manager(marker).put(b"", MARKER)
 
 
@@ -355,13 +436,15 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
                 jobs.append((name, source, future))
             _pending[launch.phase].append((name, future))
     if jobs:
-        from torch._inductor.async_compile import AsyncCompile
+        from torch._inductor.async_compile import get_compile_threads
 
-        AsyncCompile.process_pool()  # made (once, cached) in this thread: its first call is not thread-safe
+        pool_up = _pool_up()  # (makes the pool here: its first call is not thread-safe)
+        here = min(HERE_MAX, max(1, get_compile_threads() // 4))
         # longest sources first: the straight-line casts take longest to compile, and a job
-        # beyond the workers' count waits for a free one
+        # beyond the threads' and workers' count waits for a free one
         jobs.sort(key=lambda job: -len(job[1]))
-        threading.Thread(target=_submit_all, args=(jobs, marker), name="nvfp4-early-compile", daemon=True).start()
+        threading.Thread(target=_compile_all, args=(jobs, marker, pool_up, here), name="nvfp4-early-compile",
+                         daemon=True).start()
     if launches:
         log.info("nvfp4: %d of our kernels' compiles started early (%d launches) in %.2f s", len(jobs), launches,
                  time.perf_counter() - start_time)
