@@ -41,9 +41,17 @@ def _fake(*shape, dtype=torch.bfloat16):
         return torch.empty(*shape, dtype=dtype, device="cpu")
 
 
-def test_the_key_holds_dtypes_and_values_not_shapes():
+def test_the_key_holds_dtypes_constants_and_integer_specialisations_not_shapes():
     base = launch_key(_copy, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=8, BLOCK=16), {})
     assert base == launch_key(_copy, dict(x_ptr=_fake(64, 2), y_ptr=_fake(3), n=8, BLOCK=16), {})
+    from triton.runtime.jit import JITFunction
+
+    jit = _copy if hasattr(_copy, "params") else JITFunction(_copy.fn)  # (the suite may run the interpreter)
+    sized = launch_key(jit, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=8, BLOCK=16), {})
+    assert sized == launch_key(jit, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=7, BLOCK=16), {})  # a size: not in the IR
+    for n, why in ((32, "divisible by 16"), (1, "a constant"), (2**31, "i64"), (2**63, "u64")):
+        assert sized != launch_key(jit, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=n, BLOCK=16), {}), why
+    assert sized != launch_key(jit, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=8, BLOCK=32), {})  # a constexpr's value
     assert base != launch_key(_copy, dict(x_ptr=_fake(8, dtype=torch.float32), y_ptr=_fake(8), n=8, BLOCK=16), {})
     assert base != launch_key(_copy, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=1, BLOCK=16), {})  # Triton specializes 1
     assert base != launch_key(_copy, dict(x_ptr=_fake(8), y_ptr=_fake(8), n=8, BLOCK=32), {})

@@ -8,9 +8,13 @@ layer's compile time (about 0.1 s per call on a CPU core; a layer's 25 launches,
 analysed about four times), and it repeats for every layer although layers of one shape
 launch the same kernels with the same arguments.
 
-The analysis depends only on the kernel, its arguments' dtypes (torch replaces each
-tensor by an empty one of that dtype) and its other arguments' values (symbolic sizes by
-a placeholder). While a ``launches_analysed_once`` block runs, a launch seen before is
+The analysis depends only on the Triton IR torch generates (``generate_ttir``): the kernel,
+its constexprs' and None arguments' values (constants of the IR), its tensors' dtypes (torch
+replaces each by an empty one of that dtype), and of each integer what Triton's
+specialisation sees: its type (i32, i64 or u64 by its range), equality to 1 and
+divisibility by 16 (symbolic sizes are a placeholder 2). An integer's value is not in the
+IR, so launches that differ only in sizes share an answer (one layer's step: 17 analyses
+instead of 29). While a ``launches_analysed_once`` block runs, a launch seen before is
 answered from a table keyed on exactly that (one table per process, kept between blocks:
 a later compile of the same layers analyses nothing). torch has no hook for this, so the
 block swaps torch's function (``identify_accessed_tensors``; ``identify_mutated_tensors``
@@ -60,6 +64,8 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
         # one-config Autotuner, and analyses its function with the first config's arguments
         kwargs = {**kwargs, **kernel.configs[0].kwargs} if kernel.configs else kwargs
         kernel = kernel.fn
+    params = getattr(kernel, "params", None)  # (an interpreted kernel has none: its integers keep their values)
+    constexprs = {p.name for p in params if p.is_constexpr} if params is not None else None
     parts = []
     for name, value in sorted(kwargs.items()):
         dtype = _tensor_dtype(value)
@@ -69,6 +75,8 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
             return None  # a real tensor is passed through to Triton as it is
         elif isinstance(value, _SYMBOLIC):
             parts.append((name, "symbolic"))
+        elif type(value) is int and constexprs is not None and name not in constexprs:
+            parts.append((name, int, _int_specialisation(value)))
         else:
             try:
                 hash(value)
@@ -76,6 +84,13 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
                 return None
             parts.append((name, type(value), value))
     return (kernel, tuple(parts))
+
+
+def _int_specialisation(value: int) -> tuple:
+    """What Triton's IR holds of an integer argument: its type, and whether it is 1 (then a
+    constant) or divisible by 16 (an attribute)."""
+    width = "i32" if -2**31 <= value < 2**31 else "i64" if -2**63 <= value < 2**63 else "u64"
+    return width, value == 1, value % 16 == 0
 
 
 def _memoized(analyse: Callable) -> Callable:
