@@ -268,22 +268,19 @@ def _submit(name: str, source: str) -> Future:
 def _compile_here(name: str, source: str) -> None:
     """Compile `source` in this process, as a worker would: the binary lands in Triton's
     cache and nothing else is kept. The source runs in a module of its own, not in the one
-    Inductor's code cache shares, so that Inductor's own load of it later makes a fresh
-    kernel and chooses its launcher under its own settings. Its file is the one Inductor
-    writes (``PyCodeCache.write``): Triton's key holds the kernel's line in it. Triton's
+    Inductor's code cache shares (loaded by Inductor's loader, kept out of ``sys.modules``),
+    so that Inductor's own load of it later makes a fresh kernel and chooses its launcher
+    under its own settings. Its file is the one Inductor writes (``PyCodeCache.write``):
+    Triton's key holds the kernel's line in it. Triton's
     optimisation passes, most of a slow compile, run without the GIL (a 5.2 s compile beside a
     busy Python thread slowed that thread by a quarter on a 2-core CPU)."""
-    import types
-
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.runtime import compile_tasks
 
     compile_tasks._set_triton_ptxas_path()  # as Inductor does before compiling in this process
     getattr(compile_tasks, "_set_triton_libdevice_path", lambda: None)()  # (torch 2.13 only)
     key, path = PyCodeCache.write(source)
-    module = types.ModuleType(f"nvfp4_early_{key}")
-    module.__file__ = path
-    exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 -- Inductor's generated source
+    module = compile_tasks._reload_python_module(key, path, set_sys_modules=False)  # Inductor's loader
     getattr(module, name).precompile(warm_cache_only=True)
 
 
