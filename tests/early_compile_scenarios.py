@@ -128,6 +128,9 @@ def main(activation: str, out: str) -> None:
             early_compile._submitted.clear()  # a new process: only the marker in Triton's cache is left
             result["started_again"] = early_compile.start(gm_, torch.device("cuda"), grad=True)
         result["submitted"] = [name for name, _ in submitted]
+        forward = {early_compile.inductor_source(launch, torch.device("cuda"))[1]
+                   for launch in early_compile.site_launches(node, grad=True) if launch.phase == early_compile.FORWARD}
+        result["submitted_forward"] = [source in forward for _, source in submitted]
         result["distinct_sources"] = len({source for _, source in submitted})
         name, source = submitted[0]
         result["first_source"] = source

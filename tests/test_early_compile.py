@@ -35,12 +35,15 @@ def test_the_bodies_name_the_launches_aotautograd_traces(scenario):
 
 def test_each_distinct_source_is_submitted_once_then_the_cache_marker_stops_it(scenario):
     """Two layers of one shape submit each distinct kernel source once: as many as the
-    binaries Triton's own binder tells the traced launches apart into; waiting in the forward's compile leaves the backward's
-    compiles pending; and with the marker in Triton's cache a new start submits nothing."""
+    binaries Triton's own binder tells the traced launches apart into, the forward's first;
+    waiting in the forward's compile leaves the backward's compiles pending; and with the
+    marker in Triton's cache a new start submits nothing."""
     assert scenario["started"] == len(scenario["submitted"]) == scenario["distinct_sources"] == scenario["variants"]
     pending = scenario["pending_after_forward"]
     assert pending["forward"] == 0 and pending["backward"] > 0
     assert scenario["started_again"] == 0
+    in_forward = scenario["submitted_forward"]  # the forward's kernels go first: its graph waits first
+    assert in_forward == sorted(in_forward, reverse=True) and True in in_forward and False in in_forward
 
 
 def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):

@@ -10,7 +10,7 @@ Here, right after the rewrite (``start``), each site's forward and backward op b
 on fake tensors: they launch nothing but name every kernel, grid and argument
 (``kernels._registry.recording_launches``). Each launch becomes the source Inductor's
 wrapper writes for it -- Inductor's own ``define_user_defined_triton_kernel``, run on a
-stand-in graph whose tensors are graph inputs -- and is compiled, longest first: on a few
+stand-in graph whose tensors are graph inputs -- and is compiled, the forward's first: on a few
 threads of this process while Inductor's compile workers start (seconds, when the slowest
 kernels are already known), then in the workers.
 When Inductor later compiles that kernel, Triton's cache has it: Triton keys a binary on
@@ -298,7 +298,7 @@ HERE_MAX = 4
 
 
 def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Future, here: int) -> None:
-    """Compile the jobs (longest first), each result passed on to its Future: on `here`
+    """Compile the jobs (in their order), each result passed on to its Future: on `here`
     threads of this process until the workers are up (`pool_up`), then the rest in the
     workers; once every compile has succeeded, leave `marker` in Triton's cache. Runs on a
     thread of its own: the workers' pipe takes a job only as fast as the pool reads it, and
@@ -413,7 +413,7 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
     if not sites or _compiled_before(marker):
         return 0
     sources: dict[tuple, tuple[str, str]] = {}
-    jobs = []
+    jobs, first_needed = [], {}  # (first_needed: source -> the phase that needs it first)
     launches = 0
     for node in sites.values():
         recorded = site_launches(node, grad=grad)
@@ -431,15 +431,17 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
             if future is None:
                 future = _submitted[source] = Future()
                 jobs.append((name, source, future))
+                first_needed[source] = launch.phase
             _pending[launch.phase].append((name, future))
     if jobs:
         from torch._inductor.async_compile import get_compile_threads
 
         pool_up = _pool_up()  # (makes the pool here: its first call is not thread-safe)
         here = min(HERE_MAX, max(1, get_compile_threads() // 4))
-        # longest sources first: the straight-line casts take longest to compile, and a job
-        # beyond the threads' and workers' count waits for a free one
-        jobs.sort(key=lambda job: -len(job[1]))
+        # the forward's kernels first (its graph waits for them first), the longest sources
+        # first within a phase (the straight-line casts compile slowest); a job beyond the
+        # threads' and workers' count waits for a free one
+        jobs.sort(key=lambda job: (first_needed[job[1]] != FORWARD, -len(job[1])))
         threading.Thread(target=_compile_all, args=(jobs, marker, pool_up, here), name="nvfp4-early-compile",
                          daemon=True).start()
     if launches:
