@@ -125,6 +125,32 @@ def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_pat
     assert not early_compile._compiled_before("2" * 64)
 
 
+EXIT = """
+import sys, threading, time
+from concurrent.futures import Future
+from nvfp4_inductor.compiler import early_compile
+
+def slow(name, source):
+    print(name, flush=True)
+    time.sleep(0.5)
+
+early_compile._compile_here = slow
+jobs = [(f"k{i}", "source", Future()) for i in range(6)]
+threading.Thread(target=early_compile._compile_all, args=(jobs, "3" * 64, Future(), 2), daemon=True).start()
+time.sleep(0.1)
+"""
+
+
+def test_at_exit_the_threads_here_stop_after_the_compile_in_hand(tmp_path):
+    """The script ends while two threads compile here and the workers are not up: each
+    finishes the compile in hand (a native compile must not be cut off by the exit), takes
+    no other, and the process exits cleanly."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", EXIT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(run.stdout.split()) == ["k0", "k1"]
+
+
 def test_a_failed_start_warns_and_leaves_the_kernels_to_inductor(monkeypatch):
     """The early compiles only shorten the first step: if they cannot start, the backend
     warns (naming the error) and compiles as without them."""

@@ -327,7 +327,10 @@ def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Futu
         return pool_up.done() and pool_up.exception() is None
 
     def compile_here() -> None:
-        while not workers_up() and (job := take()) is not None:
+        # (not a daemon: a compile is native code, which a daemon thread must not be in when
+        # the interpreter exits; at exit, the main thread is no longer alive and the thread
+        # stops after the compile in hand)
+        while threading.main_thread().is_alive() and not workers_up() and (job := take()) is not None:
             name, source, future = job
             try:
                 _compile_here(name, source)
@@ -338,8 +341,7 @@ def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Futu
             with lock:
                 counts["here"] += 1
 
-    threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here", daemon=True)
-               for _ in range(here)]
+    threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here") for _ in range(here)]
     for thread in threads:
         thread.start()
 
