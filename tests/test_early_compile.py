@@ -133,6 +133,7 @@ from nvfp4_inductor.compiler import early_compile
 def slow(name, source):
     print(name, flush=True)
     time.sleep(0.5)
+    print(name + "-done", flush=True)
 
 early_compile._compile_here = slow
 jobs = [(f"k{i}", "source", Future()) for i in range(6)]
@@ -148,7 +149,7 @@ def test_at_exit_the_threads_here_stop_after_the_compile_in_hand(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", EXIT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert sorted(run.stdout.split()) == ["k0", "k1"]
+    assert sorted(run.stdout.split()) == ["k0", "k0-done", "k1", "k1-done"]
 
 
 def test_a_failed_start_warns_and_leaves_the_kernels_to_inductor(monkeypatch):
