@@ -341,7 +341,9 @@ def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Futu
             with lock:
                 counts["here"] += 1
 
-    threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here") for _ in range(here)]
+    # not daemons (compile_here says why), though made by one, whose kind they would inherit
+    threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here", daemon=False)
+               for _ in range(here)]
     for thread in threads:
         thread.start()
 
