@@ -277,11 +277,24 @@ def _compile_here(name: str, source: str) -> None:
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.runtime import compile_tasks
 
-    compile_tasks._set_triton_ptxas_path()  # as Inductor does before compiling in this process
-    getattr(compile_tasks, "_set_triton_libdevice_path", lambda: None)()  # (torch 2.13 only)
     key, path = PyCodeCache.write(source)
     module = compile_tasks._reload_python_module(key, path, set_sys_modules=False)  # Inductor's loader
     getattr(module, name).precompile(warm_cache_only=True)
+
+
+def _use_the_workers_tools() -> None:
+    """Have Triton in this process use the ptxas (and, in torch 2.13, libdevice) that
+    Inductor's workers set before they compile anything, so that a binary compiled here has
+    the key a worker would give it. Triton keys a binary on the ptxas version it finds
+    first in a process and keeps that answer; here the first to ask is Inductor's own code
+    generation (its backend hash, in ``inductor_source``). Left to itself, this process
+    would find Triton's bundled ptxas, and the workers torch's, where torch ships one (an
+    H100 compiled 8 kernels twice, 2026-12-06). Inductor sets the same paths here before it
+    compiles in this process."""
+    from torch._inductor.runtime import compile_tasks
+
+    compile_tasks._set_triton_ptxas_path()
+    getattr(compile_tasks, "_set_triton_libdevice_path", lambda: None)()  # (torch 2.13 only)
 
 
 def _pool_up() -> Future:
@@ -416,6 +429,7 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
     marker = _marker_key(list(sites), device)
     if not sites or _compiled_before(marker):
         return 0
+    _use_the_workers_tools()
     sources: dict[tuple, tuple[str, str]] = {}
     jobs, first_needed = [], {}  # (first_needed: source -> the phase that needs it first)
     launches = 0
