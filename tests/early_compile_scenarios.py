@@ -115,8 +115,16 @@ def main(activation: str, out: str) -> None:
 
         workers_up = Future()
         workers_up.set_result(0)
+        from torch._inductor.runtime import compile_tasks
+
+        events = []  # the workers' ptxas is set before Inductor's code generation first asks for its version
+        set_ptxas, source_of = compile_tasks._set_triton_ptxas_path, early_compile.inductor_source
         with mock.patch.object(early_compile, "_submit", submit), mock.patch.object(AsyncCompile, "process_pool"), \
-                mock.patch.object(early_compile, "_pool_up", return_value=workers_up):
+                mock.patch.object(early_compile, "_pool_up", return_value=workers_up), \
+                mock.patch.object(compile_tasks, "_set_triton_ptxas_path",
+                                  lambda: events.append("ptxas") or set_ptxas()), \
+                mock.patch.object(early_compile, "inductor_source",
+                                  lambda *a: events.append("source") or source_of(*a)):
             result["started"] = early_compile.start(gm_, torch.device("cuda"), grad=True)
             for thread in threading.enumerate():
                 if thread.name == "nvfp4-early-compile":
@@ -127,6 +135,7 @@ def main(activation: str, out: str) -> None:
             early_compile.wait()
             early_compile._submitted.clear()  # a new process: only the marker in Triton's cache is left
             result["started_again"] = early_compile.start(gm_, torch.device("cuda"), grad=True)
+        result["first_events"] = events[:2]
         result["submitted"] = [name for name, _ in submitted]
         forward = {early_compile.inductor_source(launch, torch.device("cuda"))[1]
                    for launch in early_compile.site_launches(node, grad=True) if launch.phase == early_compile.FORWARD}

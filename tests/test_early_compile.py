@@ -46,6 +46,13 @@ def test_each_distinct_source_is_submitted_once_then_the_cache_marker_stops_it(s
     assert in_forward == sorted(in_forward, reverse=True) and True in in_forward and False in in_forward
 
 
+def test_the_workers_ptxas_is_set_before_inductors_code_generation_asks(scenario):
+    """Triton keys a binary on the first ptxas version a process finds; Inductor's workers
+    set torch's ptxas first, so ``start`` does so before generating any source (whose
+    backend hash asks Triton for that version), and a binary compiled here has a worker's key."""
+    assert scenario["first_events"] == ["ptxas", "source"]
+
+
 def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):
     """The source is what Inductor's wrapper writes for a user-written kernel: its common
     imports, the user_autotune decorator with the launch's signature and options, then the
