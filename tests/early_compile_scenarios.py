@@ -120,6 +120,7 @@ def main(activation: str, out: str) -> None:
         events = []  # the workers' ptxas is set before Inductor's code generation first asks for its version
         set_ptxas, source_of = compile_tasks._set_triton_ptxas_path, early_compile.inductor_source
         with mock.patch.object(early_compile, "_submit", submit), mock.patch.object(AsyncCompile, "process_pool"), \
+                mock.patch.object(AsyncCompile, "use_process_pool", return_value=True), \
                 mock.patch.object(early_compile, "_pool_up", return_value=workers_up), \
                 mock.patch.object(compile_tasks, "_set_triton_ptxas_path",
                                   lambda: events.append("ptxas") or set_ptxas()), \
@@ -151,15 +152,16 @@ def main(activation: str, out: str) -> None:
         from torch._inductor.runtime import triton_helpers
 
         smallest = sorted(set(submitted), key=lambda job: len(job[1]))[:3]
-        jobs = [(name, source, Future()) for name, source in smallest]
+        jobs = [early_compile._Job(name, source) for name, source in smallest]
         with mock.patch.object(triton_helpers, "set_driver_to_gpu", lambda: None):  # the stand-in is Triton's driver
-            early_compile._compile_all(jobs, "0" * 64, Future(), here=2)
+            threading.Thread(target=early_compile._compile_all, args=(jobs, "0" * 64, Future(), 2), daemon=True).start()
+            for job in jobs:
+                job.here.exception(timeout=300)
             binaries = cubins()
             for name, source in smallest:
                 _load_triton_kernel_from_source(name, source).precompile(warm_cache_only=True)
-        result["here"] = dict(done=[job[2].done() and job[2].exception() is None for job in jobs],
-                              binaries=len(binaries), binaries_after_inductor=len(cubins()),
-                              marker=early_compile._compiled_before("0" * 64))
+        result["here"] = dict(done=[job.here.exception() is None for job in jobs], binaries=len(binaries),
+                              binaries_after_inductor=len(cubins()), in_workers=[job.workers.done() for job in jobs])
     with open(out, "w") as f:
         json.dump(result, f)
 

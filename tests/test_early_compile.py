@@ -66,22 +66,31 @@ def test_a_source_is_inductors_wrapper_code_for_the_kernel(scenario):
 def test_a_compile_here_leaves_the_binary_inductors_own_load_finds(scenario):
     """Compiled in this process while the workers start (here they never do), each source
     leaves one binary in Triton's cache, and Inductor's own load and compile of the same
-    source then finds it: no binary is added. Every compile succeeded, so the marker is left."""
+    source then finds it: no binary is added. Nothing reached the workers."""
     here = scenario["here"]
     assert here["done"] == [True, True, True]
     assert here["binaries"] == here["binaries_after_inductor"] == 3
-    assert here["marker"]
+    assert here["in_workers"] == [False, False, False]
 
 
 def _jobs(n):
+    from nvfp4_inductor.compiler import early_compile
+
+    return [early_compile._Job(f"k{i}", f"source {i}") for i in range(n)]
+
+
+def _done(value=None):
     from concurrent.futures import Future
 
-    return [(f"k{i}", f"source {i}", Future()) for i in range(n)]
+    future = Future()
+    future.set_result(value)
+    return future
 
 
-def test_compiles_run_here_until_the_workers_are_up_then_go_to_them(monkeypatch, tmp_path):
-    """One thread here takes the longest job; the workers come up while it compiles, so it
-    takes no other, and the rest go to the workers. Each job's Future gets its result."""
+def test_compiles_run_here_until_the_workers_are_up_then_all_go_to_them(monkeypatch, tmp_path):
+    """One thread here takes the first job; the workers come up while it compiles, so it
+    takes no other. Every job then goes to the workers, the one compiled here too (a cache
+    hit there where its key is theirs), and once all are there the marker is left."""
     from concurrent.futures import Future
 
     from nvfp4_inductor.compiler import early_compile
@@ -93,24 +102,19 @@ def test_compiles_run_here_until_the_workers_are_up_then_go_to_them(monkeypatch,
         here.append(name)
         pool_up.set_result(0)  # the workers come up during the first compile
 
-    def submit(name, source):
-        submitted.append(name)
-        done = Future()
-        done.set_result(None)
-        return done
-
     monkeypatch.setattr(early_compile, "_compile_here", compile_here)
-    monkeypatch.setattr(early_compile, "_submit", submit)
+    monkeypatch.setattr(early_compile, "_submit", lambda name, source: submitted.append(name) or _done())
     jobs = _jobs(5)
     early_compile._compile_all(jobs, "1" * 64, pool_up, here=1)
-    assert here == ["k0"] and submitted == ["k1", "k2", "k3", "k4"]
-    assert all(future.done() and future.exception() is None for _, _, future in jobs)
+    assert here == ["k0"] and sorted(submitted) == ["k0", "k1", "k2", "k3", "k4"]
+    assert jobs[0].here.done() and not any(job.here.done() for job in jobs[1:])
+    assert all(job.workers.done() and job.workers.exception() is None for job in jobs)
     assert early_compile._compiled_before("1" * 64)
 
 
 def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_path):
     """If the workers fail to start, the threads here compile every job; a compile that
-    fails here is passed on to its Future (Inductor compiles that kernel again and reports),
+    fails here is passed on to its job (Inductor compiles that kernel again and reports),
     and no marker is left."""
     from concurrent.futures import Future
 
@@ -128,22 +132,54 @@ def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_pat
     monkeypatch.setattr(early_compile, "_submit", lambda *args: pytest.fail("the workers are down"))
     jobs = _jobs(4)
     early_compile._compile_all(jobs, "2" * 64, pool_up, here=2)
-    assert [future.exception() is None for _, _, future in jobs] == [True, True, False, True]
+    assert [job.here.exception() is None for job in jobs] == [True, True, False, True]
     assert not early_compile._compiled_before("2" * 64)
 
 
+@pytest.mark.parametrize("in_workers", [True, False])
+def test_wait_waits_where_inductor_will_look(monkeypatch, in_workers):
+    """Once Inductor compiles in its workers, ``wait`` waits for a job's binary there;
+    before, a binary compiled here is enough (Inductor then compiles here, with this
+    process's keys). A failed compile is left to Inductor; only the phase being compiled is
+    waited for."""
+    import threading
+
+    from torch._inductor.async_compile import AsyncCompile
+
+    from nvfp4_inductor.compiler import early_compile
+
+    monkeypatch.setattr(AsyncCompile, "use_process_pool", lambda: in_workers)
+    compiled_here, failed, later = _jobs(3)
+    compiled_here.here.set_result(None)
+    failed.workers.set_exception(RuntimeError("ptxas died"))  # left to Inductor, which reports it
+    monkeypatch.setattr(early_compile, "_pending", {early_compile.FORWARD: [compiled_here, failed, compiled_here],
+                                                    early_compile.BACKWARD: [later]})
+    returned = threading.Event()
+
+    def forward():
+        with early_compile.compiling(early_compile.FORWARD):
+            early_compile.wait()
+        returned.set()
+
+    threading.Thread(target=forward, daemon=True).start()
+    assert returned.wait(0.5) is not in_workers  # here's binary is enough only outside the workers
+    compiled_here.workers.set_result(None)
+    assert returned.wait(5)
+    assert early_compile._pending == {early_compile.FORWARD: [], early_compile.BACKWARD: [later]}
+
+
 EXIT = """
-import sys, threading, time
+import os, threading, time
 from concurrent.futures import Future
 from nvfp4_inductor.compiler import early_compile
 
 def slow(name, source):
-    print(name, flush=True)
+    os.write(1, f"{name}\\n".encode())  # (one write a line: two threads print)
     time.sleep(0.5)
-    print(name + "-done", flush=True)
+    os.write(1, f"{name}-done\\n".encode())
 
 early_compile._compile_here = slow
-jobs = [(f"k{i}", "source", Future()) for i in range(6)]
+jobs = [early_compile._Job(f"k{i}", "source") for i in range(6)]
 threading.Thread(target=early_compile._compile_all, args=(jobs, "3" * 64, Future(), 2), daemon=True).start()
 time.sleep(0.1)
 """
@@ -172,23 +208,6 @@ def test_a_failed_start_warns_and_leaves_the_kernels_to_inductor(monkeypatch):
     monkeypatch.setattr(early_compile, "start", broken)
     with pytest.warns(UserWarning, match="early compiles did not start .*torch changed its wrapper"):
         backend._start_early_compiles(torch.fx.GraphModule({}, torch.fx.Graph()))
-
-
-def test_wait_waits_for_its_phase_and_survives_a_failed_compile(monkeypatch):
-    """``wait`` inside ``compiling(phase)`` takes that phase's compiles only; a compile that
-    failed is left to Inductor (which compiles it again and reports), not raised here."""
-    from concurrent.futures import Future
-
-    from nvfp4_inductor.compiler import early_compile
-
-    ok, failed, later = Future(), Future(), Future()
-    ok.set_result(None)
-    failed.set_exception(RuntimeError("ptxas died"))
-    monkeypatch.setattr(early_compile, "_pending", {early_compile.FORWARD: [("a", ok), ("b", failed)],
-                                                    early_compile.BACKWARD: [("c", later)]})
-    with early_compile.compiling(early_compile.FORWARD):
-        early_compile.wait()  # returns: "c" is the backward's, still running
-    assert early_compile._pending == {early_compile.FORWARD: [], early_compile.BACKWARD: [("c", later)]}
 
 
 def test_sites_it_cannot_record_are_left_to_inductor():

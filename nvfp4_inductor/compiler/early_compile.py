@@ -51,8 +51,22 @@ log = logging.getLogger(__name__)
 
 FORWARD, BACKWARD = "forward", "backward"
 
-_submitted: dict[str, Future] = {}  # source -> its compile in a worker (once per process)
-_pending: dict[str, list[tuple[str, Future]]] = {FORWARD: [], BACKWARD: []}  # phase -> (kernel, compile)
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """One source's early compile: `here` is done once it compiled in this process (if it
+    did), `workers` once a worker has its binary (compiled there, or found in Triton's cache
+    where the one compiled here has the worker's key)."""
+
+    name: str
+    source: str
+    here: Future = dataclasses.field(default_factory=Future)
+    workers: Future = dataclasses.field(default_factory=Future)
+
+
+_submitted: dict[str, _Job] = {}  # source -> its job (once per process)
+_pending: dict[str, list[_Job]] = {FORWARD: [], BACKWARD: []}  # phase -> the jobs its graph needs
 _phase: Optional[str] = None  # the phase of the graph Inductor compiles now (``compiling``)
 
 
@@ -310,78 +324,89 @@ def _pool_up() -> Future:
 HERE_MAX = 4
 
 
-def _compile_all(jobs: list[tuple[str, str, Future]], marker: str, pool_up: Future, here: int) -> None:
-    """Compile the jobs (in their order), each result passed on to its Future: on `here`
-    threads of this process until the workers are up (`pool_up`), then the rest in the
-    workers; once every compile has succeeded, leave `marker` in Triton's cache. Runs on a
-    thread of its own: the workers' pipe takes a job only as fast as the pool reads it, and
-    the pool is still starting when the first graph arrives (the main thread blocked 4.4 s on
-    it on an H100, 2026-12-06). If the workers do not start, the threads here compile all."""
+def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> None:
+    """Compile the jobs, in their order: on `here` threads of this process until the
+    workers are up (`pool_up`), then the rest in the workers. A job compiled here is handed
+    to the workers too once they are up: a cache hit where its key is theirs, their own
+    compile where something else in this process made Triton key it otherwise, so that
+    ``wait`` can wait for the binary wherever Inductor will ask. Once every job is in the
+    workers, leave `marker` in Triton's cache. Runs on a thread of its own: the workers'
+    pipe takes a job only as fast as the pool reads it, and the pool is still starting when
+    the first graph arrives (the main thread blocked 4.4 s on it on an H100, 2026-12-06).
+    If the workers do not start, the threads here compile every job."""
     import collections
     import threading
-    from concurrent.futures import FIRST_COMPLETED
     from concurrent.futures import wait as wait_all
 
     from triton.runtime.cache import get_cache_manager
 
-    queue, lock, emptied = collections.deque(jobs), threading.Lock(), Future()
-    counts = {"here": 0, "workers": 0}
+    queue, lock = collections.deque(jobs), threading.Lock()
+    compiled_here: list[_Job] = []  # not yet handed to the workers
+    state = {"here": 0, "handed": False}
     start_time = time.perf_counter()
 
-    def take() -> Optional[tuple[str, str, Future]]:
+    def take() -> Optional[_Job]:
         with lock:
-            if queue:
-                return queue.popleft()
-            if not emptied.done():
-                emptied.set_result(None)
-            return None
+            return queue.popleft() if queue else None
 
     def workers_up() -> bool:
         return pool_up.done() and pool_up.exception() is None
+
+    def to_workers(job: _Job) -> None:
+        try:
+            compiled = _submit(job.name, job.source)
+        except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
+            job.workers.set_exception(error)
+            return
+        compiled.add_done_callback(functools.partial(_pass_on, job.workers))
 
     def compile_here() -> None:
         # (not a daemon: a compile is native code, which a daemon thread must not be in when
         # the interpreter exits; at exit, the main thread is no longer alive and the thread
         # stops after the compile in hand)
         while threading.main_thread().is_alive() and not workers_up() and (job := take()) is not None:
-            name, source, future = job
             try:
-                _compile_here(name, source)
+                _compile_here(job.name, job.source)
             except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
-                future.set_exception(error)
+                job.here.set_exception(error)
             else:
-                future.set_result(None)
+                job.here.set_result(None)
             with lock:
-                counts["here"] += 1
+                state["here"] += 1
+                handed = state["handed"]
+                if not handed:
+                    compiled_here.append(job)
+            if handed:
+                to_workers(job)
 
     # not daemons (compile_here says why), though made by one, whose kind they would inherit
     threads = [threading.Thread(target=compile_here, name="nvfp4-early-compile-here", daemon=False)
                for _ in range(here)]
     for thread in threads:
         thread.start()
-
-    def chain(future: Future, done: Future) -> None:
-        error = done.exception()
-        future.set_exception(error) if error is not None else future.set_result(done.result())
-
-    wait_all([pool_up, emptied], return_when=FIRST_COMPLETED)  # the workers up, or every job taken here
-    if workers_up():
-        while (job := take()) is not None:
-            name, source, future = job
-            try:
-                compiled = _submit(name, source)
-            except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
-                future.set_exception(error)
-                continue
-            counts["workers"] += 1
-            compiled.add_done_callback(functools.partial(chain, future))
+    if pool_up.exception() is None:  # (waits for the workers)
+        with lock:
+            state["handed"] = True
+            handed, compiled_here[:] = compiled_here[:] + list(queue), []
+            queue.clear()
+        for job in handed:
+            to_workers(job)
     for thread in threads:
         thread.join()
-    done = wait_all([future for _, _, future in jobs]).done
-    log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, %d in "
-             "the workers", time.perf_counter() - start_time, counts["here"], counts["workers"])
+    if not workers_up():
+        log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", state["here"])
+        return
+    done = wait_all([job.workers for job in jobs]).done
+    log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, all "
+             "in the workers", time.perf_counter() - start_time, state["here"])
     if all(future.exception() is None for future in done):
         get_cache_manager(marker).put(b"", MARKER)
+
+
+def _pass_on(future: Future, done: Future) -> None:
+    """Give `future` the outcome of `done`."""
+    error = done.exception()
+    future.set_exception(error) if error is not None else future.set_result(done.result())
 
 
 # A file in Triton's cache, under a key made of a graph's sites (``_marker_key``): their
@@ -431,7 +456,7 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
         return 0
     _use_the_workers_tools()
     sources: dict[tuple, tuple[str, str]] = {}
-    jobs, first_needed = [], {}  # (first_needed: source -> the phase that needs it first)
+    jobs, first_needed = [], {}  # (first_needed: job -> the phase that needs it first)
     launches = 0
     for node in sites.values():
         recorded = site_launches(node, grad=grad)
@@ -445,12 +470,12 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
             if key not in sources:
                 sources[key] = inductor_source(launch, device)
             name, source = sources[key]
-            future = _submitted.get(source)
-            if future is None:
-                future = _submitted[source] = Future()
-                jobs.append((name, source, future))
-                first_needed[source] = launch.phase
-            _pending[launch.phase].append((name, future))
+            job = _submitted.get(source)
+            if job is None:
+                job = _submitted[source] = _Job(name, source)
+                jobs.append(job)
+                first_needed[job] = launch.phase
+            _pending[launch.phase].append(job)
     if jobs:
         from torch._inductor.async_compile import get_compile_threads
 
@@ -459,7 +484,7 @@ def start(gm: torch.fx.GraphModule, device: torch.device, *, grad: bool) -> int:
         # the forward's kernels first (its graph waits for them first), the longest sources
         # first within a phase (the straight-line casts compile slowest); a job beyond the
         # threads' and workers' count waits for a free one
-        jobs.sort(key=lambda job: (first_needed[job[1]] != FORWARD, -len(job[1])))
+        jobs.sort(key=lambda job: (first_needed[job] != FORWARD, -len(job.source)))
         threading.Thread(target=_compile_all, args=(jobs, marker, pool_up, here), name="nvfp4-early-compile",
                          daemon=True).start()
     if launches:
@@ -481,20 +506,25 @@ def compiling(phase: str) -> Iterator[None]:
 
 def wait() -> None:
     """Wait for the early compiles of the phase being compiled (all phases outside
-    ``compiling``). A failed compile is left to Inductor, which compiles the kernel again
-    and reports its error."""
+    ``compiling``), each where Inductor will look for it: in the workers once Inductor
+    compiles there (``AsyncCompile.use_process_pool``), else here or there, whichever has it
+    first. A failed compile is left to Inductor, which compiles the kernel again and reports
+    its error."""
+    from concurrent.futures import FIRST_COMPLETED
+    from concurrent.futures import wait as wait_all
+
+    from torch._inductor.async_compile import AsyncCompile
+
     phases = [_phase] if _phase is not None else list(_pending)
-    compiles = {future: name for phase in phases for name, future in _pending[phase]}  # launches share them
+    jobs = list(dict.fromkeys(job for phase in phases for job in _pending[phase]))  # launches share them
     for phase in phases:
         _pending[phase] = []
-    if not compiles:
+    if not jobs:
         return
     start_time = time.perf_counter()
-    for future, name in compiles.items():
-        try:
-            future.result()
-        except Exception as error:  # noqa: BLE001 -- Inductor's own compile of it raises, with its context
-            log.debug("nvfp4: the early compile of %s failed (%s); Inductor compiles it", name, error)
+    in_workers = AsyncCompile.use_process_pool()
+    for job in jobs:
+        wait_all([job.workers] if in_workers else [job.here, job.workers], return_when=FIRST_COMPLETED)
     waited = time.perf_counter() - start_time
     if waited > 0.1:
-        log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(compiles))
+        log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(jobs))
