@@ -133,6 +133,7 @@ def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_pat
     jobs = _jobs(4)
     early_compile._compile_all(jobs, "2" * 64, pool_up, here=2)
     assert [job.here.exception() is None for job in jobs] == [True, True, False, True]
+    assert all(job.workers.exception() is not None for job in jobs)  # nothing waits on them
     assert not early_compile._compiled_before("2" * 64)
 
 
@@ -140,8 +141,8 @@ def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_pat
 def test_wait_waits_where_inductor_will_look(monkeypatch, in_workers):
     """Once Inductor compiles in its workers, ``wait`` waits for a job's binary there;
     before, a binary compiled here is enough (Inductor then compiles here, with this
-    process's keys). A failed compile is left to Inductor; only the phase being compiled is
-    waited for."""
+    process's keys), and a job the workers could not take is waited for here. A failed
+    compile is left to Inductor; only the phase being compiled is waited for."""
     import threading
 
     from torch._inductor.async_compile import AsyncCompile
@@ -149,9 +150,10 @@ def test_wait_waits_where_inductor_will_look(monkeypatch, in_workers):
     from nvfp4_inductor.compiler import early_compile
 
     monkeypatch.setattr(AsyncCompile, "use_process_pool", lambda: in_workers)
-    compiled_here, failed, later = _jobs(3)
+    compiled_here, failed, later, not_taken = _jobs(4)
     compiled_here.here.set_result(None)
-    failed.workers.set_exception(RuntimeError("ptxas died"))  # left to Inductor, which reports it
+    for future in (failed.here, failed.workers):  # left to Inductor, which reports it
+        future.set_exception(RuntimeError("ptxas died"))
     monkeypatch.setattr(early_compile, "_pending", {early_compile.FORWARD: [compiled_here, failed, compiled_here],
                                                     early_compile.BACKWARD: [later]})
     returned = threading.Event()
@@ -166,6 +168,14 @@ def test_wait_waits_where_inductor_will_look(monkeypatch, in_workers):
     compiled_here.workers.set_result(None)
     assert returned.wait(5)
     assert early_compile._pending == {early_compile.FORWARD: [], early_compile.BACKWARD: [later]}
+    if not in_workers:  # a job the workers could not take is waited for here
+        not_taken.workers.set_exception(RuntimeError("Inductor's compile workers did not start"))
+        returned = threading.Event()
+        monkeypatch.setattr(early_compile, "_pending", {early_compile.FORWARD: [not_taken], early_compile.BACKWARD: []})
+        threading.Thread(target=forward, daemon=True).start()
+        assert not returned.wait(0.5)
+        not_taken.here.set_result(None)
+        assert returned.wait(5)
 
 
 EXIT = """

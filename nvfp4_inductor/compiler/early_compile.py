@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 FORWARD, BACKWARD = "forward", "backward"
 
 
-
 @dataclasses.dataclass(eq=False)
 class _Job:
     """One source's early compile: `here` is done once it compiled in this process (if it
@@ -394,6 +393,8 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
     for thread in threads:
         thread.join()
     if not workers_up():
+        for job in jobs:  # (``wait`` then takes the compiles here)
+            job.workers.set_exception(RuntimeError("Inductor's compile workers did not start"))
         log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", state["here"])
         return
     done = wait_all([job.workers for job in jobs]).done
@@ -524,7 +525,12 @@ def wait() -> None:
     start_time = time.perf_counter()
     in_workers = AsyncCompile.use_process_pool()
     for job in jobs:
-        wait_all([job.workers] if in_workers else [job.here, job.workers], return_when=FIRST_COMPLETED)
+        if in_workers:
+            wait_all([job.workers])
+        elif job.workers.done() and job.workers.exception() is not None:  # not in the workers: here, then
+            wait_all([job.here])
+        else:
+            wait_all([job.here, job.workers], return_when=FIRST_COMPLETED)
     waited = time.perf_counter() - start_time
     if waited > 0.1:
         log.info("nvfp4: waited %.1f s for %d early kernel compiles", waited, len(jobs))
