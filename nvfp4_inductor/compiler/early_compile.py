@@ -10,9 +10,10 @@ Here, right after the rewrite (``start``), each site's forward and backward op b
 on fake tensors: they launch nothing but name every kernel, grid and argument
 (``kernels._registry.recording_launches``). Each launch becomes the source Inductor's
 wrapper writes for it -- Inductor's own ``define_user_defined_triton_kernel``, run on a
-stand-in graph whose tensors are graph inputs -- and is compiled, the forward's first: on a few
-threads of this process while Inductor's compile workers start (seconds, when the slowest
-kernels are already known), then in the workers.
+stand-in graph whose tensors are graph inputs -- and is compiled, the forward's first: on a
+few threads of this process while Inductor's compile workers start (seconds, when the
+slowest kernels are already known), then in the workers, which also take each kernel
+compiled here (a cache hit for them, ``_use_the_workers_tools``).
 When Inductor later compiles that kernel, Triton's cache has it: Triton keys a binary on
 the kernel's source and its line in the file, its signature, its specialisation (pointer
 alignment, integers divisible by 16 or equal to 1) and its launch options, all the same
@@ -20,7 +21,8 @@ here. Only the decorator's metadata differs (the kernel's name within the graph)
 Triton does not read.
 
 Before Inductor generates a graph's code, the backend's last post-grad pass waits for the
-early compiles of that graph's phase (``wait``): Inductor's request then finds the binary,
+early compiles of that graph's phase where Inductor will ask for them, here or in the
+workers (``wait``): Inductor's request then finds the binary,
 instead of compiling the kernel again beside an early compile still under way. Each source
 is submitted once per process; in a process whose Triton cache is warm, the workers only
 load the binaries.
