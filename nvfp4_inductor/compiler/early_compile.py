@@ -212,6 +212,8 @@ def _source_key(launch: Launch) -> tuple:
     float's type. The grid's and the integers' values are arguments of the call only."""
     from triton.runtime.autotuner import Autotuner
 
+    from .launch_analysis import int_specialisation
+
     kernel = launch.kernel
     options = ()
     if isinstance(kernel, Autotuner):
@@ -225,7 +227,7 @@ def _source_key(launch: Launch) -> tuple:
         if name in constexprs or value is None or isinstance(value, bool):
             return type(value), value
         if isinstance(value, int):
-            return int, value == 1, value % 16 == 0, -2**31 <= value < 2**31
+            return int, int_specialisation(value)
         return (type(value),)
 
     return kernel, options, tuple((name, spec(name, value)) for name, value in launch.kwargs.items())
@@ -286,9 +288,9 @@ def _compile_here(name: str, source: str) -> None:
     Inductor's code cache shares (loaded by Inductor's loader, kept out of ``sys.modules``),
     so that Inductor's own load of it later makes a fresh kernel and chooses its launcher
     under its own settings. Its file is the one Inductor writes (``PyCodeCache.write``):
-    Triton's key holds the kernel's line in it. Triton's
-    optimisation passes, most of a slow compile, run without the GIL (a 5.2 s compile beside a
-    busy Python thread slowed that thread by a quarter on a 2-core CPU)."""
+    Triton's key holds the kernel's line in it. Triton's optimisation passes, most of a
+    slow compile, run without the GIL (a 5.2 s compile beside a busy Python thread slowed
+    that thread by a quarter on a 2-core CPU)."""
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.runtime import compile_tasks
 
@@ -343,7 +345,7 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
 
     queue, lock = collections.deque(jobs), threading.Lock()
     compiled_here: list[_Job] = []  # not yet handed to the workers
-    state = {"here": 0, "handed": False}
+    handed = threading.Event()  # (set, and read by the threads here, under the lock)
     start_time = time.perf_counter()
 
     def take() -> Optional[_Job]:
@@ -373,11 +375,10 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
             else:
                 job.here.set_result(None)
             with lock:
-                state["here"] += 1
-                handed = state["handed"]
-                if not handed:
+                late = handed.is_set()
+                if not late:
                     compiled_here.append(job)
-            if handed:
+            if late:
                 to_workers(job)
 
     # not daemons (compile_here says why), though made by one, whose kind they would inherit
@@ -387,21 +388,22 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
         thread.start()
     if pool_up.exception() is None:  # (waits for the workers)
         with lock:
-            state["handed"] = True
-            handed, compiled_here[:] = compiled_here[:] + list(queue), []
+            handed.set()
+            waiting, compiled_here[:] = compiled_here[:] + list(queue), []
             queue.clear()
-        for job in handed:
+        for job in waiting:
             to_workers(job)
     for thread in threads:
         thread.join()
+    done_here = sum(job.here.done() for job in jobs)  # (only the threads here complete `here`)
     if not workers_up():
         for job in jobs:  # (``wait`` then takes the compiles here)
             job.workers.set_exception(RuntimeError("Inductor's compile workers did not start"))
-        log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", state["here"])
+        log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", done_here)
         return
     done = wait_all([job.workers for job in jobs]).done
     log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, all "
-             "in the workers", time.perf_counter() - start_time, state["here"])
+             "in the workers", time.perf_counter() - start_time, done_here)
     if all(future.exception() is None for future in done):
         get_cache_manager(marker).put(b"", MARKER)
 

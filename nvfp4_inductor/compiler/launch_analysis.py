@@ -76,7 +76,7 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
         elif isinstance(value, _SYMBOLIC):
             parts.append((name, "symbolic"))
         elif type(value) is int and constexprs is not None and name not in constexprs:
-            parts.append((name, int, _int_specialisation(value)))
+            parts.append((name, int, int_specialisation(value)))
         else:
             try:
                 hash(value)
@@ -86,9 +86,9 @@ def launch_key(kernel, kwargs: dict[str, Any], tma_descriptor_metadata) -> Optio
     return (kernel, tuple(parts))
 
 
-def _int_specialisation(value: int) -> tuple:
-    """What Triton's IR holds of an integer argument: its type, and whether it is 1 (then a
-    constant) or divisible by 16 (an attribute)."""
+def int_specialisation(value: int) -> tuple:
+    """What Triton's IR holds of an integer argument (what its binder specialises on): its
+    type, and whether it is 1 (then a constant) or divisible by 16 (an attribute)."""
     width = "i32" if -2**31 <= value < 2**31 else "i64" if -2**63 <= value < 2**63 else "u64"
     return width, value == 1, value % 16 == 0
 
