@@ -103,13 +103,69 @@ def test_compiles_run_here_until_the_workers_are_up_then_all_go_to_them(monkeypa
         pool_up.set_result(0)  # the workers come up during the first compile
 
     monkeypatch.setattr(early_compile, "_compile_here", compile_here)
-    monkeypatch.setattr(early_compile, "_submit", lambda name, source: submitted.append(name) or _done())
+    monkeypatch.setattr(early_compile, "_submit", lambda name, source: submitted.append(name) or _done(_worker_result()))
     jobs = _jobs(5)
     early_compile._compile_all(jobs, "1" * 64, pool_up, here=1)
     assert here == ["k0"] and sorted(submitted) == ["k0", "k1", "k2", "k3", "k4"]
     assert jobs[0].here.done() and not any(job.here.done() for job in jobs[1:])
     assert all(job.workers.done() and job.workers.exception() is None for job in jobs)
     assert early_compile._compiled_before("1" * 64)
+
+
+def _worker_result(*kinds):
+    """What a worker returns for a kernel (Inductor's ``_worker_compile_triton``): the kernel,
+    whose compile results are of `kinds`, and its compile time."""
+    from types import SimpleNamespace
+
+    results = []
+    for kind in kinds:
+        result = kind.__new__(kind)
+        result.kernel = SimpleNamespace(src=f"src of {kind.__name__} {len(results)}", metadata="metadata")
+        results.append(result)
+    return SimpleNamespace(compile_results=results), 1000
+
+
+def test_triton_launchers_are_built_for_the_binaries_inductor_launches_through_triton(monkeypatch):
+    """Of a worker's compile results, those Inductor launches through Triton's launcher (not
+    its static one) get the launcher built here, from the binary's own source and metadata."""
+    from types import SimpleNamespace
+
+    from torch._inductor.runtime.triton_heuristics import StaticTritonCompileResult, TritonCompileResult
+    from triton.runtime import driver
+
+    from nvfp4_inductor.compiler import early_compile
+
+    built = []
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(launcher_cls=lambda src, metadata: built.append(src)))
+    compiled = _worker_result(StaticTritonCompileResult, TritonCompileResult)
+    assert early_compile._build_triton_launchers(compiled) == 1
+    assert built == ["src of TritonCompileResult 1"]
+    assert early_compile._build_triton_launchers(_worker_result(StaticTritonCompileResult)) == 0
+
+
+def test_a_job_is_done_once_its_triton_launchers_are_built(monkeypatch, tmp_path):
+    """``wait`` sees a job done only after the launchers of its binary are built, so Inductor's
+    load finds them; a build that fails leaves that launcher to Inductor's load, the job
+    done, and the other jobs' builds going."""
+    from nvfp4_inductor.compiler import early_compile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    jobs, seen = _jobs(3), []
+
+    def build(compiled):
+        kernel, _ = compiled
+        job = jobs[int(kernel)]
+        seen.append((job.name, job.workers.done()))
+        if kernel == "1":
+            raise RuntimeError("gcc died")
+        return 1
+
+    monkeypatch.setattr(early_compile, "_build_triton_launchers", build)
+    monkeypatch.setattr(early_compile, "_submit", lambda name, source: _done((name[1:], 1000)))
+    early_compile._compile_all(jobs, "4" * 64, _done(0), here=1)
+    assert sorted(seen) == [("k0", False), ("k1", False), ("k2", False)]
+    assert all(job.workers.done() and job.workers.exception() is None for job in jobs)
+    assert early_compile._compiled_before("4" * 64)
 
 
 def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_path):

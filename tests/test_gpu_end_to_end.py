@@ -173,8 +173,9 @@ def test_early_compiles_are_the_binaries_inductor_loads(tmp_path):
     """The backend hands our kernels to Inductor's compile workers at the rewrite
     (compiler/early_compile.py); Inductor's own compile of each then finds Triton's cache
     entry: in a fresh process with empty caches, one training step leaves exactly one
-    binary per kernel source started early, none compiled a second time under another key;
-    and a second process, with the marker in Triton's cache, starts none."""
+    binary per kernel source started early, none compiled a second time under another key,
+    and every Triton launcher library (gcc) built by the early compiles' thread, none on the
+    main thread; a second process, with the marker in Triton's cache, starts none."""
     import json
     import os
     import subprocess
@@ -182,28 +183,38 @@ def test_early_compiles_are_the_binaries_inductor_loads(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = f"""
-import json, re, sys, torch
+import json, re, sys, threading, torch
+import triton.runtime.build as build
 sys.path.insert(0, {os.path.join(root, 'tests')!r})
 from test_gpu_end_to_end import _model
 from nvfp4_inductor.compiler import early_compile
+builds, gcc = [], build._build
+def _build(name, *args):
+    builds.append((name, threading.current_thread().name))
+    return gcc(name, *args)
+build._build = _build
 mlp, args = _model("swiglu")
 y = torch.compile(mlp, backend="nvfp4")(*args)
 torch.autograd.grad(y, (args[0], mlp.fc1_weight, mlp.fc2_weight, args[2]), torch.ones_like(y))
 torch.cuda.synchronize()
 names = [re.search(r"@triton.jit\\ndef (\\w+)\\(", source)[1] for source in early_compile._submitted]
-json.dump(names, open(sys.argv[1], "w"))
+json.dump(dict(names=names, builds=builds), open(sys.argv[1], "w"))
 """
     env = dict(os.environ, PYTHONPATH=root, TRITON_CACHE_DIR=str(tmp_path / "triton"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    started = []
+    started, builds = [], []
     for run in range(2):
         out = tmp_path / f"names{run}.json"
         done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=root, env=env, capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        started.append(json.loads(out.read_text()))
+        result = json.loads(out.read_text())
+        started.append(result["names"])
+        builds += result["builds"]
     first, second = started
     assert len(first) >= 10 and second == []
     binaries = [f.name[:-len(".cubin")] for f in (tmp_path / "triton").rglob("*.cubin")]
     ours = sorted(name for name in binaries if name in set(first))
     assert ours == sorted(first)
+    launchers = [thread for name, thread in builds if name == "__triton_launcher"]
+    assert launchers and set(launchers) == {"nvfp4-early-compile"}, builds

@@ -336,16 +336,20 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
     workers, leave `marker` in Triton's cache. Runs on a thread of its own: the workers'
     pipe takes a job only as fast as the pool reads it, and the pool is still starting when
     the first graph arrives (the main thread blocked 4.4 s on it on an H100, 2026-12-06).
-    If the workers do not start, the threads here compile every job."""
+    As each worker's compile comes back, this thread builds the Triton launchers its
+    binaries need (``_build_triton_launchers``) before the job counts as done, so that
+    ``wait`` covers them too. If the workers do not start, the threads here compile every
+    job."""
     import collections
+    import queue as queues
     import threading
-    from concurrent.futures import wait as wait_all
 
     from triton.runtime.cache import get_cache_manager
 
     queue, lock = collections.deque(jobs), threading.Lock()
     compiled_here: list[_Job] = []  # not yet handed to the workers
     handed = threading.Event()  # (set, and read by the threads here, under the lock)
+    returned: queues.SimpleQueue = queues.SimpleQueue()  # (job, the worker's Future) as each comes back
     start_time = time.perf_counter()
 
     def take() -> Optional[_Job]:
@@ -359,9 +363,9 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
         try:
             compiled = _submit(job.name, job.source)
         except Exception as error:  # noqa: BLE001 -- Inductor then compiles it, and reports
-            job.workers.set_exception(error)
-            return
-        compiled.add_done_callback(functools.partial(_pass_on, job.workers))
+            compiled = Future()
+            compiled.set_exception(error)
+        compiled.add_done_callback(lambda done: returned.put((job, done)))
 
     def compile_here() -> None:
         # (not a daemon: a compile is native code, which a daemon thread must not be in when
@@ -401,17 +405,41 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
             job.workers.set_exception(RuntimeError("Inductor's compile workers did not start"))
         log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", done_here)
         return
-    done = wait_all([job.workers for job in jobs]).done
+    failed = launchers = 0
+    for _ in jobs:  # (in the order the workers finish them)
+        job, done = returned.get()
+        if done.exception() is None:
+            try:
+                launchers += _build_triton_launchers(done.result())
+            except Exception as error:  # noqa: BLE001 -- Inductor's load builds it again, and reports
+                log.debug("nvfp4: Triton's launchers for %s were not built early: %s", job.name, error)
+            job.workers.set_result(None)
+        else:
+            failed += 1
+            job.workers.set_exception(done.exception())
     log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, all "
-             "in the workers", time.perf_counter() - start_time, done_here)
-    if all(future.exception() is None for future in done):
+             "in the workers; %d Triton launcher(s) built", time.perf_counter() - start_time, done_here, launchers)
+    if not failed:
         get_cache_manager(marker).put(b"", MARKER)
 
 
-def _pass_on(future: Future, done: Future) -> None:
-    """Give `future` the outcome of `done`."""
-    error = done.exception()
-    future.set_exception(error) if error is not None else future.set_result(done.result())
+def _build_triton_launchers(compiled) -> int:
+    """Build Triton's C launcher for each binary of `compiled` (a worker's result: Inductor's
+    kernel and its compile time) that Inductor will launch through Triton rather than its
+    static launcher; returns how many. The worker decided which, and Inductor's load of the
+    kernel keeps that decision: the TMA GEMMs, whose scratch memory the static launcher does
+    not support. Triton builds a launcher with gcc (0.3-0.8 s) when a binary is first
+    loaded and keys it in its cache on the launcher's C source, which depends only on the
+    kernel's signature and constants: built here, on the early compiles' thread, it is a
+    cache hit for Inductor's load on the main thread."""
+    from torch._inductor.runtime.triton_heuristics import TritonCompileResult
+    from triton.runtime import driver
+
+    kernel, _ = compiled
+    binaries = [result.kernel for result in kernel.compile_results if isinstance(result, TritonCompileResult)]
+    for binary in binaries:
+        driver.active.launcher_cls(binary.src, binary.metadata)
+    return len(binaries)
 
 
 # A file in Triton's cache, under a key made of a graph's sites (``_marker_key``): their
