@@ -168,6 +168,27 @@ def test_a_job_is_done_once_its_triton_launchers_are_built(monkeypatch, tmp_path
     assert early_compile._compiled_before("4" * 64)
 
 
+def test_a_job_done_in_the_workers_is_done_while_a_thread_here_still_compiles(monkeypatch, tmp_path):
+    """The workers come up while a thread here compiles the slowest kernel; the other jobs,
+    compiled there meanwhile, count as done at once (a graph that needs only them does not
+    wait for the compile here)."""
+    from concurrent.futures import Future
+
+    from nvfp4_inductor.compiler import early_compile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    pool_up, jobs, seen = Future(), _jobs(3), []
+
+    def compile_here(name, source):
+        pool_up.set_result(0)
+        seen.append(jobs[2].workers.result(timeout=10))
+
+    monkeypatch.setattr(early_compile, "_compile_here", compile_here)
+    monkeypatch.setattr(early_compile, "_submit", lambda name, source: _done(_worker_result()))
+    early_compile._compile_all(jobs, "5" * 64, pool_up, here=1)
+    assert seen == [None] and jobs[0].here.exception() is None
+
+
 def test_workers_that_do_not_start_leave_every_compile_here(monkeypatch, tmp_path):
     """If the workers fail to start, the threads here compile every job; a compile that
     fails here is passed on to its job (Inductor compiles that kernel again and reports),

@@ -390,6 +390,7 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
                for _ in range(here)]
     for thread in threads:
         thread.start()
+    failed = launchers = 0
     if pool_up.exception() is None:  # (waits for the workers)
         with lock:
             handed.set()
@@ -397,6 +398,17 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
             queue.clear()
         for job in waiting:
             to_workers(job)
+        for _ in jobs:  # each job once, in the order the workers finish them (a thread here may still compile)
+            job, done = returned.get()
+            if done.exception() is None:
+                try:
+                    launchers += _build_triton_launchers(done.result())
+                except Exception as error:  # noqa: BLE001 -- Inductor's load builds it again, and reports
+                    log.debug("nvfp4: Triton's launchers for %s were not built early: %s", job.name, error)
+                job.workers.set_result(None)
+            else:
+                failed += 1
+                job.workers.set_exception(done.exception())
     for thread in threads:
         thread.join()
     done_here = sum(job.here.done() for job in jobs)  # (only the threads here complete `here`)
@@ -405,18 +417,6 @@ def _compile_all(jobs: list[_Job], marker: str, pool_up: Future, here: int) -> N
             job.workers.set_exception(RuntimeError("Inductor's compile workers did not start"))
         log.info("nvfp4: Inductor's workers did not start; %d early compiles ran in this process", done_here)
         return
-    failed = launchers = 0
-    for _ in jobs:  # (in the order the workers finish them)
-        job, done = returned.get()
-        if done.exception() is None:
-            try:
-                launchers += _build_triton_launchers(done.result())
-            except Exception as error:  # noqa: BLE001 -- Inductor's load builds it again, and reports
-                log.debug("nvfp4: Triton's launchers for %s were not built early: %s", job.name, error)
-            job.workers.set_result(None)
-        else:
-            failed += 1
-            job.workers.set_exception(done.exception())
     log.info("nvfp4: early compiles done in %.1f s: %d in this process while Inductor's workers started, all "
              "in the workers; %d Triton launcher(s) built", time.perf_counter() - start_time, done_here, launchers)
     if not failed:
