@@ -24,9 +24,10 @@ step's 30 slowest functions by own time.
 itself (``dynamo_timed``: Dynamo, AOTAutograd, Inductor's lowering, code generation, the wait
 on its compile workers; summed over graphs, nested phases inside their parents), and a
 timeline of the Triton cache: when each kernel's binary and each launcher library was
-written, in seconds from the process's start (which kernels finish last, and whether the
-launchers are built one after another); and the backend's progress lines (its logger at
-INFO, timestamped: when the early compiles started, how long a graph waited for them).
+written (which kernels finish last, and whether the launchers are built one after
+another); and the backend's progress lines (its logger at INFO: when the early compiles
+started, how long a graph waited for them). Both in seconds from the step's start (the
+``torch.compile`` call), the one clock of the row's "first s".
 
 ``--model qwen3_moe --layers 4`` times a whole transformers model instead (the CausalLM of
 benchmarks/model_step.py's model case, 4 decoder layers on --batch x --seq token ids, its own
@@ -117,6 +118,7 @@ def measure(workload, backend, device, profile_to=None):
     fn, inputs, wrt, grad = workload
     counters["nvfp4"]["launch_analyses"] = counters["nvfp4"]["launch_analyses_reused"] = 0
     profiler = cProfile.Profile() if profile_to else None
+    started = time.time()  # (the clock of file times and log lines)
     start = time.perf_counter()
     if profiler:
         profiler.enable()
@@ -133,7 +135,21 @@ def measure(workload, backend, device, profile_to=None):
     first = time.perf_counter() - start
     analyses = f'{counters["nvfp4"]["launch_analyses"]} ({counters["nvfp4"]["launch_analyses_reused"]})'
     phases = {name: sum(times) for name, times in compilation_time_metrics.items()}
-    return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device), phases
+    return first, analyses, gm.bench_ms(step, device, warmup=3, rep=20), gm.host_ms(step, device), phases, started
+
+
+def log_line_at(line: str, started: float) -> str:
+    """A torch log line ("I1206 17:34:13.040000 ...", local time of day) with its seconds
+    from `started` (a time.time()) in front; a line without that stamp as it is."""
+    stamp = re.match(r"[IWEF]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) ", line)
+    if not stamp:
+        return line
+    hours, minutes, seconds = stamp.groups()
+    day = time.localtime(started)
+    since = int(hours) * 3600 + int(minutes) * 60 + float(seconds) - (
+        day.tm_hour * 3600 + day.tm_min * 60 + day.tm_sec + started % 1)
+    since = (since + 43200) % 86400 - 43200  # (a step across midnight)
+    return f"{since:6.1f}  {line}"
 
 
 def triton_cache_timeline(triton_dir: str, started: float) -> list[list[str]]:
@@ -183,11 +199,12 @@ def print_phases(name: str, layers: int, phases: dict, timeline: list[list[str]]
     top = sorted(phases.items(), key=lambda item: -item[1])[:25]
     print(f"[{name}] layers {layers}: cold first step, torch's compile phases (s, summed over graphs)\n"
           + format_table(["phase", "s"], [[phase, f"{s:.2f}"] for phase, s in top]), flush=True)
-    print(f"[{name}] layers {layers}: cold first step, Triton cache written (s from the process's start)\n"
+    print(f"[{name}] layers {layers}: cold first step, Triton cache written (s from the step's start)\n"
           + (format_table(["s", "what", "name"], timeline) if timeline else "(nothing: no Triton kernel compiled)"),
           flush=True)
     if logs:
-        print(f"[{name}] layers {layers}: cold first step, the backend's progress lines\n" + "\n".join(logs), flush=True)
+        print(f"[{name}] layers {layers}: cold first step, the backend's progress lines (s from the step's start)\n"
+              + "\n".join(logs), flush=True)
 
 
 def main(argv=None) -> list[list[str]]:
@@ -221,8 +238,8 @@ def main(argv=None) -> list[list[str]]:
         (_, (run, backend)), layers = impls[args.row[0]], args.row[1]
         workload = (model_workload(args.model, layers, args) if args.model
                     else mlp_workload(run, layers, args.shape, args.activation, args.device))
-        first, analyses, warm, host, phases = measure(workload, backend, args.device, args.profile_to)
-        print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases)))
+        first, analyses, warm, host, phases, started = measure(workload, backend, args.device, args.profile_to)
+        print(json.dumps(dict(first=first, analyses=analyses, warm=warm, host=host, phases=phases, started=started)))
         return []
     print(gm.machine_line(args.device) + (f"; transformers {transformers_version()}" if args.model else ""), flush=True)
     rows = []
@@ -232,12 +249,12 @@ def main(argv=None) -> list[list[str]]:
         one = None
         for layers in sorted(args.layers):
             with tempfile.TemporaryDirectory() as cache_dir:
-                started = time.time()
                 cold = run_row(index, layers, args, cache_dir, profile_path(args.profile, name, layers, "cold"),
                                logs=args.phases)
                 if args.phases:
                     print_phases(name, layers, cold["phases"],
-                                 triton_cache_timeline(os.path.join(cache_dir, "triton"), started), cold["logs"])
+                                 triton_cache_timeline(os.path.join(cache_dir, "triton"), cold["started"]),
+                                 [log_line_at(line, cold["started"]) for line in cold["logs"]])
                 profile_to = profile_path(args.profile, name, layers, "cached")
                 cached = run_row(index, layers, args, cache_dir, profile_to)
             if profile_to:

@@ -199,7 +199,7 @@ def test_compile_time_benchmark_runs_on_cpu():
 
 def test_compile_time_phases_list_the_triton_cache_by_time(tmp_path):
     """compile_time.py --phases: every kernel binary and launcher library of a Triton cache
-    directory, by the time it was written, relative to the process's start."""
+    directory, by the time it was written, relative to the step's start."""
     import compile_time
 
     for name, kind, written in [("a1", "_cast_kernel.cubin", 30.0), ("b2", "__triton_launcher.so", 20.0),
@@ -211,6 +211,21 @@ def test_compile_time_phases_list_the_triton_cache_by_time(tmp_path):
     assert compile_time.triton_cache_timeline(str(tmp_path), 5.0) == [
         ["15.0", "launcher", "__triton_launcher.so"], ["25.0", "kernel", "_cast_kernel"]]
     assert compile_time.triton_cache_timeline(str(tmp_path / "absent"), 0.0) == []
+
+
+def test_compile_time_phases_time_the_progress_lines_from_the_steps_start():
+    """compile_time.py --phases: each backend progress line gets its seconds from the step's
+    start, read from torch's log stamp (local time of day); other lines are left as they are."""
+    import time
+
+    import compile_time
+
+    started = time.mktime((2026, 12, 6, 23, 59, 58, 0, 0, -1)) + 0.25
+    line = "I1206 23:59:59.750000 1236 nvfp4_inductor/compiler/backend.py:252] nvfp4: rewrote"
+    assert compile_time.log_line_at(line, started) == "   1.5  " + line
+    after_midnight = "I1207 00:00:03.250000 1236 early_compile.py:496] nvfp4: 17 compiles started early"
+    assert compile_time.log_line_at(after_midnight, started) == "   5.0  " + after_midnight
+    assert compile_time.log_line_at("nvfp4: no stamp", started) == "nvfp4: no stamp"
 
 
 def test_model_step_benchmark_rewrites_every_transformers_layer_on_cpu(capsys):
