@@ -428,10 +428,11 @@ def _build_triton_launchers(compiled) -> int:
     kernel and its compile time) that Inductor will launch through Triton rather than its
     static launcher; returns how many. The worker decided which, and Inductor's load of the
     kernel keeps that decision: the TMA GEMMs, whose scratch memory the static launcher does
-    not support. Triton builds a launcher with gcc (0.3-0.8 s) when a binary is first
-    loaded and keys it in its cache on the launcher's C source, which depends only on the
-    kernel's signature and constants: built here, on the early compiles' thread, it is a
-    cache hit for Inductor's load on the main thread."""
+    not support. Triton 3.6 (torch 2.11) builds a launcher with gcc (0.3-0.8 s) when a
+    binary is first loaded and keys it in its cache on the launcher's C source, which
+    depends only on the kernel's signature and constants: built here, on the early
+    compiles' thread, it is a cache hit for Inductor's load on the main thread. (Triton 3.9
+    launches every kernel through one prebuilt launcher: there this costs nothing.)"""
     from torch._inductor.runtime.triton_heuristics import TritonCompileResult
     from triton.runtime import driver
 
